@@ -1,0 +1,59 @@
+"""Every failure a user can cause is one of these, raised as early as possible and naming the culprit."""
+
+from __future__ import annotations
+
+
+class OnnxTrainError(Exception):
+    """Base class of every error onnxtrain raises on purpose."""
+
+
+class ModelLoadError(OnnxTrainError):
+    """The file or bytes are not a valid ONNX model (truncated, not protobuf, rejected by onnx.checker)."""
+
+
+class ExternalDataError(ModelLoadError):
+    """An external-data location is missing or points outside the model's folder."""
+
+
+class UnsupportedOpError(OnnxTrainError):
+    """The model uses operators this engine does not implement; lists all of them at once."""
+
+    def __init__(self, missing: list[tuple[str, str, int]]):
+        self.missing = sorted(set(missing))
+        lines = [f"  {domain or 'ai.onnx'}::{op_type} (opset {opset})" for domain, op_type, opset in self.missing]
+        super().__init__("unsupported operators:\n" + "\n".join(lines))
+
+
+class FeedError(OnnxTrainError):
+    """A feed is missing, unknown, or has the wrong dtype, rank or shape."""
+
+
+class BindingError(OnnxTrainError):
+    """A TrainingInfoProto binding breaks a rule of the ONNX IR spec."""
+
+
+class StateError(OnnxTrainError):
+    """An assignment to a state variable changes its shape or dtype, or names an unknown variable."""
+
+
+class NodeError(OnnxTrainError):
+    """A node cannot be lowered with the values it receives (bad attribute, incompatible shapes...)."""
+
+
+class StaticValueRequired(NodeError):
+    """An input that XLA needs at compile time (a shape, an axis list, a count) is only known at run time."""
+
+    def __init__(self, what: str, value_name: str | None = None, node: str | None = None):
+        self.what = what
+        self.value_name = value_name
+        self.node = node
+        where = f" of node {node}" if node else ""
+        named = f" (value {value_name!r})" if value_name else ""
+        super().__init__(
+            f"input {what!r}{where}{named} must be known at compile time (a constant, an initializer, "
+            f"or computed from shapes), but it depends on run-time data"
+        )
+
+
+class ExportError(OnnxTrainError):
+    """The trained model cannot be written."""

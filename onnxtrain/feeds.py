@@ -1,0 +1,80 @@
+"""Checking what the user feeds against the graph's declared inputs, before anything is traced."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+
+from .dtypes import np_dtype, type_name, onnx_type
+from .errors import FeedError
+from .model import ValueInfo
+
+
+def to_array(name: str, value: Any) -> Any:
+    """A feed as a NumPy or jax array (jax arrays pass through without a copy); sequences stay lists."""
+    if isinstance(value, jax.Array) or isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, list) and value and isinstance(value[0], (np.ndarray, jax.Array)):
+        return value
+    if value is None:
+        return None
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise FeedError(f"feed {name!r}: cannot convert {type(value).__name__} to an array ({exc})") from exc
+
+
+def check_feeds(
+    feeds: Mapping[str, Any], required: list[ValueInfo], optional: list[ValueInfo]
+) -> dict[str, Any]:
+    """Validate names, dtypes, ranks, fixed dims and dim_param consistency; return the converted feeds."""
+    declared = {v.name: v for v in required + optional}
+    unknown = sorted(set(feeds) - set(declared))
+    if unknown:
+        raise FeedError(f"unknown feed name(s) {unknown}; the model's inputs are {sorted(declared)}")
+    missing = [v.name for v in required if v.name not in feeds]
+    if missing:
+        raise FeedError(f"missing feed(s) {missing}; the model requires {[v.name for v in required]}")
+    converted = {name: to_array(name, value) for name, value in feeds.items()}
+    symbols: dict[str, tuple[int, str]] = {}
+    for name, value in converted.items():
+        check_one(declared[name], value, symbols)
+    return converted
+
+
+def check_one(info: ValueInfo, value: Any, symbols: dict[str, tuple[int, str]]) -> None:
+    if not info.elem_type or value is None or isinstance(value, list):
+        return
+    expected = np_dtype(info.elem_type)
+    given = np.dtype(value.dtype)
+    if given != expected and not (expected == object and given.kind in "OUS"):
+        raise FeedError(
+            f"feed {info.name!r}: expected dtype {type_name(info.elem_type)}, "
+            f"got {type_name(onnx_type(given)) if given.kind not in 'OUSV' else given}"
+        )
+    if info.shape is None:
+        return
+    shape = tuple(value.shape)
+    if len(shape) != len(info.shape):
+        raise FeedError(
+            f"feed {info.name!r}: expected rank {len(info.shape)} (shape {format_shape(info.shape)}), "
+            f"got rank {len(shape)} (shape {shape})"
+        )
+    for axis, (want, got) in enumerate(zip(info.shape, shape)):
+        if isinstance(want, int) and want != got:
+            raise FeedError(
+                f"feed {info.name!r}: dimension {axis} must be {want} (shape {format_shape(info.shape)}), got {got}"
+            )
+        if isinstance(want, str):
+            seen = symbols.setdefault(want, (got, f"{info.name!r} dimension {axis}"))
+            if seen[0] != got:
+                raise FeedError(
+                    f"feed {info.name!r}: dimension {axis} ({want!r}) is {got}, "
+                    f"but {seen[1]} gave {want!r} = {seen[0]}"
+                )
+
+
+def format_shape(shape: tuple) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"

@@ -1,0 +1,225 @@
+"""Walk a graph's nodes in order over a scope of static/traced values; subgraphs see their outer scopes."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+import jax
+import numpy as np
+import onnx
+
+from ..errors import NodeError, OnnxTrainError, StaticValueRequired
+from .registry import schema_for
+from .values import Value, is_static, to_static
+
+if TYPE_CHECKING:
+    from ..model import Graph, Node
+
+
+class Scope:
+    """name -> value, falling back to the enclosing graph's scope (ONNX outer-scope name resolution)."""
+
+    def __init__(self, values: dict[str, Value] | None = None, parent: "Scope | None" = None):
+        self.values: dict[str, Value] = dict(values or {})
+        self.parent = parent
+
+    def __getitem__(self, name: str) -> Value:
+        scope: Scope | None = self
+        while scope is not None:
+            if name in scope.values:
+                return scope.values[name]
+            scope = scope.parent
+        raise KeyError(name)
+
+    def __contains__(self, name: str) -> bool:
+        try:
+            self[name]
+        except KeyError:
+            return False
+        return True
+
+    def __setitem__(self, name: str, value: Value) -> None:
+        self.values[name] = value
+
+
+@dataclass
+class Runtime:
+    """What every node of one trace shares: the random key and the model-local functions."""
+
+    key: Any  # a jax PRNG key (traced), the root of every random op's stream
+    functions: dict[tuple[str, str], onnx.FunctionProto] = field(default_factory=dict)
+    training: bool = False  # True inside train_step: Dropout and BatchNormalization may take training mode
+
+
+@dataclass
+class NodeContext:
+    """Handed to implementations that declare `ctx`: the node, its scope, and its place among its siblings."""
+
+    node: "Node"
+    scope: Scope
+    runtime: Runtime
+    siblings: Sequence["Node"]
+    position: int
+
+    def rng(self, seed: float | None = None):
+        """A PRNG key for this node: its own `seed` attribute wins, else the run's key folded with the node."""
+        if seed is not None:
+            return jax.random.key(int(seed))
+        tag = zlib.crc32("\0".join(self.node.outputs).encode()) & 0x7FFFFFFF
+        return jax.random.fold_in(self.runtime.key, tag)
+
+
+class Subgraph:
+    """A graph attribute bound to the scope it appears in: call it with its inputs, get its outputs."""
+
+    def __init__(self, graph: "Graph", scope: Scope, runtime: Runtime):
+        self.graph = graph
+        self.scope = scope
+        self.runtime = runtime
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i.name for i in self.graph.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self.graph.outputs]
+
+    def __call__(self, *args: Value) -> list[Value]:
+        return run_graph(self.graph, list(args), self.runtime, outer=self.scope)
+
+
+def run_graph(graph: "Graph", args: Sequence[Value], runtime: Runtime, outer: Scope | None = None) -> list[Value]:
+    scope = Scope(dict(graph.initializers), outer)
+    for info, value in zip(graph.inputs, args):
+        scope[info.name] = value
+    run_nodes(graph.nodes, scope, runtime)
+    return [lookup(scope, o.name, f"output of graph {graph.name!r}") for o in graph.outputs]
+
+
+def lookup(scope: Scope, name: str, what: str) -> Value:
+    try:
+        return scope[name]
+    except KeyError:
+        raise NodeError(f"{what}: value {name!r} is not defined before it is used") from None
+
+
+def run_nodes(nodes: Sequence["Node"], scope: Scope, runtime: Runtime) -> None:
+    for position, node in enumerate(nodes):
+        run_node(node, scope, runtime, nodes, position)
+
+
+def run_node(node: "Node", scope: Scope, runtime: Runtime, siblings: Sequence["Node"], position: int) -> None:
+    args = [lookup(scope, name, f"input of {node.label}") if name else None for name in node.inputs]
+    try:
+        results = call_node(node, args, scope, runtime, siblings, position)
+    except StaticValueRequired as exc:
+        if exc.node is not None:
+            raise
+        raise StaticValueRequired(exc.what, value_name_of(node, exc.what), node.label) from None
+    except OnnxTrainError:
+        raise
+    except Exception as exc:
+        raise NodeError(f"{node.label}: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(results, tuple):  # a list is one value (an ONNX sequence); a tuple is several outputs
+        results = (results,)
+    wanted = [i for i, name in enumerate(node.outputs) if name]
+    if wanted and wanted[-1] >= len(results):
+        raise NodeError(f"{node.label}: produced {len(results)} outputs, the model asks for {len(node.outputs)}")
+    for i in wanted:
+        scope[node.outputs[i]] = results[i]
+
+
+def value_name_of(node: "Node", formal_input: str) -> str | None:
+    schema = schema_for(node.domain, node.op_type, node.opset)
+    if schema is None:
+        return None
+    for i, formal in enumerate(schema.inputs):
+        if formal.name == formal_input and i < len(node.inputs):
+            return node.inputs[i]
+    return None
+
+
+def call_node(
+    node: "Node", args: list[Value], scope: Scope, runtime: Runtime, siblings: Sequence["Node"], position: int
+) -> Any:
+    from ..model import Graph
+
+    if node.impl is None:
+        return call_function(node, args, runtime)
+    attrs = {
+        name: ([Subgraph(g, scope, runtime) for g in v] if is_graph_list(v) else Subgraph(v, scope, runtime))
+        if isinstance(v, Graph) or is_graph_list(v)
+        else v
+        for name, v in node.attributes.items()
+    }
+    if node.impl.wants_ctx:
+        attrs["ctx"] = NodeContext(node, scope, runtime, siblings, position)
+    while args and args[-1] is None:  # absent trailing optional inputs take the implementation's defaults
+        args.pop()
+    if not is_static(*args):
+        return node.impl.fn(*args, **attrs)
+    with jax.ensure_compile_time_eval():
+        return to_static(node.impl.fn(*args, **attrs))
+
+
+def is_graph_list(value: Any) -> bool:
+    from ..model import Graph
+
+    return isinstance(value, list) and bool(value) and isinstance(value[0], Graph)
+
+
+def call_function(node: "Node", args: list[Value], runtime: Runtime) -> list[Value]:
+    """Run a node by expanding a function body: a model-local FunctionProto or the op schema's own."""
+    from ..model import Resolver, build_node, raise_if_missing
+
+    function = node.function or schema_function(node, args)
+    caller_attributes = {a.name: a for a in function.attribute_proto}
+    caller_attributes.update({a.name: a for a in node.raw_attributes})
+    resolver = Resolver({}, runtime.functions).with_opsets(function.opset_import)
+    body = [build_node(n, resolver, caller_attributes) for n in function.node]
+    raise_if_missing(resolver)
+    scope = Scope({name: value for name, value in zip(function.input, args)})
+    for name in function.input[len(args):]:
+        scope[name] = None
+    scope.values.setdefault("", None)
+    run_nodes(body, scope, runtime)
+    return [lookup(scope, name, f"output of function {function.name!r}") for name in function.output]
+
+
+def schema_function(node: "Node", args: list[Value]) -> onnx.FunctionProto:
+    schema = schema_for(node.domain, node.op_type, node.opset)
+    proto = onnx.FunctionProto()
+    plain = [v for v in schema.function_opset_versions if v <= node.opset]
+    contextual = [v for v in schema.context_dependent_function_opset_versions if v <= node.opset]
+    if plain:
+        proto.ParseFromString(schema.get_function_with_opset_version(max(plain)))
+        return proto
+    if not contextual and schema.has_function:
+        proto.CopyFrom(schema.function_body)
+        return proto
+    node_proto = onnx.helper.make_node(node.op_type, node.inputs, node.outputs, name=node.name, domain=node.domain)
+    node_proto.attribute.extend(node.raw_attributes)
+    present = {a.name for a in node.raw_attributes}
+    for name, spec in schema.attributes.items():
+        if name not in present and spec.default_value.type != onnx.AttributeProto.UNDEFINED:
+            node_proto.attribute.append(spec.default_value)
+    types = [type_proto_of(v).SerializeToString() for v in args]
+    version = max(contextual) if contextual else schema.since_version
+    proto.ParseFromString(
+        schema.get_context_dependent_function_with_opset_version(version, node_proto.SerializeToString(), types)
+    )
+    return proto
+
+
+def type_proto_of(value: Value) -> onnx.TypeProto:
+    from ..dtypes import onnx_type
+
+    if value is None:
+        return onnx.TypeProto()
+    if isinstance(value, list):
+        inner = type_proto_of(value[0]) if value else onnx.helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, None)
+        return onnx.helper.make_sequence_type_proto(inner)
+    return onnx.helper.make_tensor_type_proto(onnx_type(np.dtype(value.dtype)), list(np.shape(value)))

@@ -1,0 +1,55 @@
+"""The static/traced value rule (DESIGN.md): NumPy arrays are known at trace time, jax arrays are not.
+
+Implementations are written once, in jax.numpy. The graph walker runs a node whose inputs are all static under
+`jax.ensure_compile_time_eval()` and turns its results back into NumPy, so shape arithmetic
+(Shape -> Gather -> Concat -> Reshape) folds away at trace time and never reaches XLA. An input XLA needs at
+compile time is read with `static(value, "input name")`, which raises a clear error when it is traced.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..errors import StaticValueRequired
+
+Value = Any  # np.ndarray | jax.Array | list (an ONNX sequence) | None (absent optional)
+
+
+def is_static(*values: Value) -> bool:
+    """True when every non-missing tensor among `values` (sequences included) is known at trace time."""
+    for v in values:
+        if v is None:
+            continue
+        if isinstance(v, list):
+            if not is_static(*v):
+                return False
+        elif not isinstance(v, (np.ndarray, np.generic, int, float, bool)):
+            return False
+    return True
+
+
+def to_static(result: Any) -> Any:
+    """Concrete jax arrays (computed at trace time) back to NumPy; tracers stay as they are."""
+    if isinstance(result, tuple):
+        return tuple(to_static(r) for r in result)
+    if isinstance(result, list):
+        return [to_static(r) for r in result]
+    if isinstance(result, jax.Array) and not isinstance(result, jax.core.Tracer):
+        return np.asarray(result)
+    if isinstance(result, np.generic):
+        return np.asarray(result)
+    return result
+
+
+def static(value: Value, what: str) -> np.ndarray:
+    """The value as a NumPy array, or StaticValueRequired naming input `what` (the walker adds the node)."""
+    if not is_static(value):
+        raise StaticValueRequired(what)
+    return np.asarray(value)
+
+
+def static_ints(value: Value, what: str) -> list[int]:
+    return [int(v) for v in static(value, what).reshape(-1).tolist()]

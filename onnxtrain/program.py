@@ -1,0 +1,110 @@
+"""One pure function per graph (or graph concatenation), jitted once per input signature.
+
+A `Program` owns the cache: jax.jit keys on shapes and dtypes itself; the only thing added to the key is the
+values of feeds that must be static (strings, and inputs a node needs at compile time such as a Reshape shape
+fed as a graph input), which are found on the first trace and then compiled per distinct value.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from .errors import StaticValueRequired
+from .model import Graph, Node
+
+
+def static_key(values: Mapping[str, Any]) -> tuple:
+    items = []
+    for name in sorted(values):
+        v = np.asarray(values[name])
+        payload = tuple(v.ravel().tolist()) if v.dtype == object else v.tobytes()
+        items.append((name, v.dtype.str, v.shape, payload))
+    return tuple(items)
+
+
+def graph_inputs_feeding(value_name: str, nodes: Sequence[Node], inputs: set[str]) -> set[str]:
+    """The graph inputs among the ancestors of `value_name`."""
+    producer = {out: node for node in nodes for out in node.outputs if out}
+    found, stack, seen = set(), [value_name], set()
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in inputs:
+            found.add(name)
+        node = producer.get(name)
+        if node is not None:
+            stack.extend(n for n in node.inputs if n)
+    return found
+
+
+class Program:
+    """`body(*arrays, static_feeds) -> (state, outputs)`, compiled per static-feed values and input signature.
+
+    String outputs cannot leave a jitted function; they are static by construction (strings only come from
+    static values), so they are kept from the trace and merged back into the outputs after each call.
+    """
+
+    def __init__(self, body: Callable[..., Any], nodes: Sequence[Node], feed_names: set[str], donate: tuple = ()):
+        self.body = body
+        self.nodes = nodes
+        self.feed_names = feed_names
+        self.donate = donate
+        self.static_feeds: set[str] = set()
+        self.cache: dict[tuple, Callable] = {}
+        self.host_outputs: dict[tuple, dict[str, np.ndarray]] = {}
+        self.trace_count = 0
+
+    def _compiled(self, static: Mapping[str, Any]) -> tuple[Callable, tuple]:
+        key = static_key(static)
+        fn = self.cache.get(key)
+        if fn is None:
+
+            def traced(*arrays):
+                self.trace_count += 1
+                state, outputs = self.body(*arrays, static)
+                host = {n: v for n, v in outputs.items() if is_string(v)}
+                self.host_outputs[key] = host
+                return state, {n: v for n, v in outputs.items() if n not in host}
+
+            self.cache[key] = jax.jit(traced, donate_argnums=self.donate)
+        return self.cache[key], key
+
+    def __call__(self, *arrays: Any, feeds: dict[str, Any]) -> Any:
+        """`arrays` are positional pytrees; `feeds` is a dict of arrays split here into static and traced."""
+        while True:
+            static = {n: np.asarray(v) for n, v in feeds.items() if n in self.static_feeds or is_string(v)}
+            traced = {n: v for n, v in feeds.items() if n not in static}
+            try:
+                with jax.enable_x64(True):
+                    fn, key = self._compiled(static)
+                    state, outputs = fn(*arrays, traced)
+                return state, {**outputs, **self.host_outputs.get(key, {})}
+            except StaticValueRequired as exc:
+                culprits = self.culprits(exc, traced)
+                if not culprits:
+                    raise
+                warnings.warn(
+                    f"{exc.node}: input {exc.what!r} depends on feed(s) {sorted(culprits)}; "
+                    f"they are compiled in as constants, one compilation per distinct value",
+                    stacklevel=3,
+                )
+                self.static_feeds |= culprits
+
+    def culprits(self, exc: StaticValueRequired, traced: Mapping[str, Any]) -> set[str]:
+        candidates = set(traced)
+        if exc.value_name is not None:
+            found = graph_inputs_feeding(exc.value_name, self.nodes, candidates)
+            if found:
+                return found
+        # Raised inside a function body or subgraph: we cannot trace the dependency, so freeze every feed.
+        return candidates
+
+
+def is_string(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype.kind in "OUS"
