@@ -1,31 +1,59 @@
-"""The stateful object: holds the state as device buffers and calls the compiled pure functions."""
+"""The stateful object: holds the state as device buffers and calls the compiled pure functions.
+
+    init(key)                          -> state
+    train_step(state, feeds, key)      -> (state', outputs)     state donated: updated in place
+    infer(state, feeds)                -> outputs
+
+are each one jitted function (per input signature); this class only holds `state` and calls them.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import onnx
 
 from .dtypes import is_float
+from .errors import StateError
 from .feeds import check_feeds
-from .lower.graph import Runtime, Scope, run_nodes
-from .model import Graph, ModelSource, build_graph, check_model, model_resolver, raise_if_missing, read_model
+from .lower.graph import Runtime, Scope, run_graph, run_nodes
+from .model import Graph, ModelSource, ValueInfo, build_graph, check_model, model_resolver, raise_if_missing
+from .model import read_model
 from .program import Program
+from .state.bindings import Algorithm, parse_training_info, state_owners
+from .state.store import assign, device_put, load_npz, save_npz
+
+STEP_METADATA_KEY = "onnxtrain.step"
 
 
-def split_initializers(graph: Graph, traced_names: set[str]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """(static, traced): float weights and state are traced so they are not baked into the executable."""
+def split_initializers(graph: Graph, state: set[str]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(static, traced) non-state initializers: float weights are traced so they are not baked into the
+    executable; integer/bool/string constants are static so shape arithmetic on them folds."""
     static, traced = {}, {}
     for name, value in graph.initializers.items():
-        (traced if name in traced_names or is_float(value.dtype) else static)[name] = value
+        if name not in state:
+            (traced if is_float(value.dtype) else static)[name] = value
     return static, traced
 
 
+def feed_lists(graphs: list[Graph]) -> tuple[list[ValueInfo], list[ValueInfo]]:
+    """(required, optional) feeds of a concatenation of graphs: an input with an initializer is optional."""
+    initialized = {name for g in graphs for name in g.initializers}
+    inputs = [i for g in graphs for i in g.inputs]
+    return [i for i in inputs if i.name not in initialized], [i for i in inputs if i.name in initialized]
+
+
 class Engine:
-    """An ONNX model lowered to JAX. `infer(feeds)` runs the main graph with the current state."""
+    """An ONNX model lowered to JAX, with its training state.
+
+    `infer(feeds)` runs ModelProto.graph with the current state and changes nothing; `init(seed)` and
+    `train_step(feeds, algorithm)` run the TrainingInfoProto graphs and assign state through their bindings.
+    """
 
     def __init__(self, model: onnx.ModelProto, seed: int = 0, check: bool = True):
         if check:
@@ -33,18 +61,69 @@ class Engine:
         self.model = model
         resolver = model_resolver(model)
         self.graph = build_graph(model.graph, resolver)
+        self.algorithms: list[Algorithm] = parse_training_info(model, self.graph, resolver)
         raise_if_missing(resolver)
         self.functions = resolver.functions
         self.seed = seed
-        self._key = jax.random.key(seed)
-        initialized = set(self.graph.initializers)
-        self.required_inputs = [i for i in self.graph.inputs if i.name not in initialized]
-        self.optional_inputs = [i for i in self.graph.inputs if i.name in initialized]
-        self._static_inits, traced = split_initializers(self.graph, set())
+        self.step_count = int(dict((p.key, p.value) for p in model.metadata_props).get(STEP_METADATA_KEY, 0))
+
+        self.state_owner = state_owners(self.graph, self.algorithms)
+        owned = set(self.state_owner)
+        self._initial_state = {
+            name: (self.graph if owner is None else self.algorithms[owner].algorithm).initializers[name]
+            for name, owner in self.state_owner.items()
+        }
+        self._main_static, main_traced = split_initializers(self.graph, owned)
+        split = [split_initializers(a.algorithm, owned) for a in self.algorithms]
+        self._algorithm_static = [s for s, _ in split]
         with jax.enable_x64(True):
-            self._params = {name: jax.device_put(value) for name, value in traced.items()}
-        feed_names = {i.name for i in self.graph.inputs}
-        self._infer = Program(self._infer_body, self.graph.nodes, feed_names)
+            self._key = jax.random.key(seed)
+            self._main_consts = device_put(main_traced)
+            self._algorithm_consts = [device_put(t) for _, t in split]
+            self._state = device_put(self._initial_state)
+
+        self.required_inputs, self.optional_inputs = feed_lists([self.graph])
+        self._infer = Program(self._infer_body, self.graph.nodes, {i.name for i in self.graph.inputs})
+        self._train = [self._train_program(a) for a in self.algorithms]
+        self._init = Program(self._init_body, (), set())
+
+    # ----- the pure bodies (traced once per signature) -----
+
+    def _main_scope(self, state, consts, feeds, static_feeds) -> Scope:
+        return Scope({**self._main_static, **consts, **state, **static_feeds, **feeds})
+
+    def _infer_body(self, state, consts, key, feeds, static_feeds):
+        scope = self._main_scope(state, consts, feeds, static_feeds)
+        run_nodes(self.graph.nodes, scope, Runtime(key, self.functions))
+        return {}, {o.name: scope[o.name] for o in self.graph.outputs}
+
+    def _train_program(self, algorithm: Algorithm) -> Program:
+        nodes = self.graph.nodes + algorithm.algorithm.nodes
+        inputs = {i.name for i in self.graph.inputs + algorithm.algorithm.inputs}
+
+        def body(state, consts, algorithm_consts, key, step, feeds, static_feeds):
+            scope = self._main_scope(state, consts, feeds, static_feeds)
+            scope.values.update({**self._algorithm_static[algorithm.index], **algorithm_consts})
+            runtime = Runtime(jax.random.fold_in(key, step), self.functions, training=True)
+            run_nodes(nodes, scope, runtime)
+            outputs = {o.name: scope[o.name] for o in self.graph.outputs + algorithm.algorithm.outputs}
+            where = f"training_info[{algorithm.index}].update_binding"
+            return assign(state, algorithm.update_binding, scope.values, where), outputs
+
+        return Program(body, nodes, inputs, donate=(0,))
+
+    def _init_body(self, state, key, feeds, static_feeds):
+        for algorithm in self.algorithms:
+            if algorithm.initialization is None:
+                continue
+            graph = algorithm.initialization
+            runtime = Runtime(jax.random.fold_in(key, algorithm.index), self.functions)
+            values = dict(zip([o.name for o in graph.outputs], run_graph(graph, [], runtime)))
+            where = f"training_info[{algorithm.index}].initialization_binding"
+            state = assign(state, algorithm.initialization_binding, values, where)
+        return state, {}
+
+    # ----- the stateful API -----
 
     @property
     def input_names(self) -> list[str]:
@@ -54,28 +133,86 @@ class Engine:
     def output_names(self) -> list[str]:
         return [o.name for o in self.graph.outputs]
 
-    def _infer_body(self, params, key, feeds, static_feeds):
-        scope = Scope({**self._static_inits, **params, **static_feeds, **feeds})
-        run_nodes(self.graph.nodes, scope, Runtime(key, self.functions))
-        return {}, {o.name: scope[o.name] for o in self.graph.outputs}
-
-    def infer(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        """Run the main graph on `feeds`; returns {output name: array}. Changes nothing."""
-        checked = check_feeds(feeds, self.required_inputs, self.optional_inputs)
-        _, outputs = self._infer(self._params, self._key, feeds=checked)
-        return {name: outputs[name] for name in self.output_names}
+    @property
+    def state(self) -> Mapping[str, jax.Array]:
+        """The current state variables (read-only). train_step donates these buffers: copy a value
+        (np.array(engine.state[name])) to keep it across steps."""
+        return MappingProxyType(self._state)
 
     @property
     def trace_count(self) -> int:
-        """How many times a graph was traced (compiled); a repeated input signature adds nothing."""
-        return self._infer.trace_count
+        """How many times any graph was traced (compiled); a repeated input signature adds nothing."""
+        return self._infer.trace_count + self._init.trace_count + sum(p.trace_count for p in self._train)
 
-    @property
-    def state(self) -> Mapping[str, Any]:
-        return MappingProxyType({})
+    def infer(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        """Run ModelProto.graph on `feeds` with the current state; returns {output name: array}."""
+        checked = check_feeds(feeds, self.required_inputs, self.optional_inputs)
+        _, outputs = self._infer(self._state, self._main_consts, self._key, feeds=checked)
+        return {name: outputs[name] for name in self.output_names}
+
+    def train_step(self, feeds: Mapping[str, Any], algorithm: int = 0) -> dict[str, Any]:
+        """Evaluate ModelProto.graph + training_info[algorithm].algorithm and assign via update_binding.
+
+        Returns the outputs of both graphs as device arrays (no host sync)."""
+        if not 0 <= algorithm < len(self.algorithms):
+            raise StateError(
+                f"algorithm {algorithm} does not exist: the model has {len(self.algorithms)} TrainingInfoProto(s)"
+            )
+        info = self.algorithms[algorithm].algorithm
+        required, optional = feed_lists([self.graph, info])
+        checked = check_feeds(feeds, required, optional)
+        with jax.enable_x64(True):
+            step = jnp.asarray(self.step_count, dtype=jnp.uint32)
+        self._state, outputs = self._train[algorithm](
+            self._state, self._main_consts, self._algorithm_consts[algorithm], self._key, step, feeds=checked
+        )
+        self.step_count += 1
+        return outputs
+
+    def reset(self) -> None:
+        """Every state variable back to its initializer value (the spec's pre-initialized state)."""
+        with jax.enable_x64(True):
+            self._state = device_put(self._initial_state)
+        self.step_count = 0
+
+    def init(self, seed: int | None = None) -> None:
+        """Reset, then run every TrainingInfoProto.initialization in order and assign its bindings."""
+        self.reset()
+        with jax.enable_x64(True):
+            key = jax.random.key(self.seed if seed is None else seed)
+        self._state, _ = self._init(self._state, key, feeds={})
+
+    # ----- checkpoints and export -----
+
+    def save_state(self, path: str | Path) -> None:
+        """A light checkpoint: the state and step count in a NumPy .npz (no pickle)."""
+        save_npz(path, self._state, {"step": self.step_count})
+
+    def load_state(self, path: str | Path) -> None:
+        values, meta = load_npz(path)
+        unknown = sorted(set(values) - set(self._state))
+        if unknown:
+            raise StateError(f"checkpoint {str(path)!r} holds unknown state variables {unknown}")
+        for name, value in values.items():
+            current = self._state[name]
+            if value.shape != tuple(current.shape) or value.dtype != np.dtype(current.dtype):
+                raise StateError(
+                    f"checkpoint {str(path)!r}: {name!r} is {value.dtype}{list(value.shape)}, "
+                    f"the model's is {np.dtype(current.dtype)}{list(current.shape)}"
+                )
+        with jax.enable_x64(True):
+            self._state = {**self._state, **device_put(values)}
+        self.step_count = int(meta.get("step", 0))
+
+    def export(self, path: str | Path, external_data: bool | None = None) -> None:
+        """Write a copy of the model whose initializers hold the current state, atomically."""
+        from .export import export_model
+
+        export_model(self, Path(path), external_data)
 
 
 def load(source: ModelSource, seed: int = 0, check: bool = True) -> Engine:
     """Read an ONNX model (path, bytes or ModelProto), validate it and bind every node to its lowering."""
     model, _folder = read_model(source)
     return Engine(model, seed=seed, check=check)
+

@@ -1,74 +1,238 @@
-"""Elementwise math: one table of unary ops, one of binary ops (NumPy-style broadcasting, opset >= 7)."""
+"""Elementwise math: tables of unary, binary and variadic ops, plus the ops that need more than one jnp call.
+
+Every op is registered for its whole schema history. Versions before 7 differ only in legacy attributes:
+`consumed_inputs` (an in-place hint, meaningless here) and the binary ops' `broadcast`/`axis`, where the
+second operand lines up with the first starting at `axis` instead of at the trailing dimension.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+import functools
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import onnx.defs
 
 from .registry import op, versions
 
-
-def _sign_preserving_round(x):
-    return jnp.round(x)  # ONNX Round is round-half-to-even, as jnp.round
+Array = Any  # a jax array or a NumPy array (static value)
 
 
-UNARY: dict[str, tuple[Callable, int]] = {
-    # name: (function, first since_version with today's semantics)
-    "Abs": (jnp.abs, 6),
-    "Neg": (jnp.negative, 6),
-    "Exp": (jnp.exp, 6),
-    "Log": (jnp.log, 6),
-    "Sqrt": (jnp.sqrt, 6),
-    "Reciprocal": (jnp.reciprocal, 6),
-    "Floor": (jnp.floor, 6),
-    "Ceil": (jnp.ceil, 6),
-    "Round": (_sign_preserving_round, 11),
-    "Sign": (jnp.sign, 9),
-    "Sin": (jnp.sin, 7),
-    "Cos": (jnp.cos, 7),
-    "Tan": (jnp.tan, 7),
-    "Asin": (jnp.arcsin, 7),
-    "Acos": (jnp.arccos, 7),
-    "Atan": (jnp.arctan, 7),
-    "Sinh": (jnp.sinh, 9),
-    "Cosh": (jnp.cosh, 9),
-    "Asinh": (jnp.arcsinh, 9),
-    "Acosh": (jnp.arccosh, 9),
-    "Atanh": (jnp.arctanh, 9),
-    "Tanh": (jnp.tanh, 6),
-    "Sigmoid": (jax.nn.sigmoid, 6),
-    "Relu": (jax.nn.relu, 6),
-    "Erf": (jax.scipy.special.erf, 9),
-    "Not": (jnp.logical_not, 1),
-    "IsNaN": (jnp.isnan, 9),
-    "Softsign": (jax.nn.soft_sign, 1),
-    "BitwiseNot": (jnp.bitwise_not, 18),
+def register(name: str, fn: Callable, *, since: int = 1, until: int | None = None) -> None:
+    """Register `fn` for every since_version of `name` in [since, until]; versions whose schema still has
+    `consumed_inputs` get an adapter that drops it, so `fn` only ever sees the attributes of today's schema."""
+    for version in versions(name, since=since, until=until):
+        impl = fn
+        if "consumed_inputs" in onnx.defs.get_schema(name, version).attributes:
+            impl = _dropping_consumed_inputs(fn)
+        op(name, version)(impl)
+
+
+def _dropping_consumed_inputs(fn: Callable) -> Callable:
+    def impl(*inputs: Array, consumed_inputs: list[int] | None = None, **attributes: Any) -> Array:
+        return fn(*inputs, **attributes)
+
+    impl.__name__ = fn.__name__
+    return impl
+
+
+def _with_legacy_broadcast(fn: Callable) -> Callable:
+    """Binary ops before opset 7: with `broadcast=1` and `axis`, B's dims match A's dims from `axis` on;
+    without `axis` the match is at the suffix, which NumPy broadcasting already does."""
+
+    def impl(a: Array, b: Array, *, broadcast: int = 0, axis: int | None = None) -> Array:
+        if broadcast and axis is not None and jnp.ndim(b) > 0:
+            start = axis % jnp.ndim(a)
+            trailing = jnp.ndim(a) - start - jnp.ndim(b)
+            if trailing < 0:
+                raise ValueError(f"B of shape {jnp.shape(b)} does not fit in A of shape {jnp.shape(a)} at axis {axis}")
+            b = jnp.reshape(b, jnp.shape(b) + (1,) * trailing)
+        return fn(a, b)
+
+    impl.__name__ = fn.__name__
+    return impl
+
+
+def register_binary(name: str, fn: Callable, *, since: int = 1) -> None:
+    for version in versions(name, since=since):
+        attributes = onnx.defs.get_schema(name, version).attributes
+        impl = _with_legacy_broadcast(fn) if "broadcast" in attributes else fn
+        if "consumed_inputs" in attributes:
+            impl = _dropping_consumed_inputs(impl)
+        op(name, version)(impl)
+
+
+def _same_dtype(fn: Callable) -> Callable:
+    """`fn` with its result cast back to the input's dtype, for ops whose output type is their input type but
+    whose jnp function promotes (erf of an integer, for one)."""
+
+    def impl(x: Array) -> Array:
+        return jnp.asarray(fn(x)).astype(jnp.result_type(x))
+
+    impl.__name__ = getattr(fn, "__name__", "unary")
+    return impl
+
+
+UNARY: dict[str, Callable] = {
+    "Abs": jnp.abs,
+    "Neg": jnp.negative,
+    "Exp": jnp.exp,
+    "Log": jnp.log,
+    "Sqrt": jnp.sqrt,
+    "Reciprocal": jnp.reciprocal,
+    "Floor": jnp.floor,
+    "Ceil": jnp.ceil,
+    "Round": jnp.round,  # round half to even, as ONNX specifies
+    "Sign": jnp.sign,
+    "Sin": jnp.sin,
+    "Cos": jnp.cos,
+    "Tan": jnp.tan,
+    "Asin": jnp.arcsin,
+    "Acos": jnp.arccos,
+    "Atan": jnp.arctan,
+    "Sinh": jnp.sinh,
+    "Cosh": jnp.cosh,
+    "Asinh": jnp.arcsinh,
+    "Acosh": jnp.arccosh,
+    "Atanh": jnp.arctanh,
+    "Tanh": jnp.tanh,
+    "Sigmoid": jax.nn.sigmoid,
+    "Relu": jax.nn.relu,
+    "Erf": jax.scipy.special.erf,
+    "Softsign": jax.nn.soft_sign,
+    "Not": jnp.logical_not,
+    "BitwiseNot": jnp.bitwise_not,
 }
 
-BINARY: dict[str, tuple[Callable, int]] = {
-    "Add": (jnp.add, 7),
-    "Sub": (jnp.subtract, 7),
-    "Mul": (jnp.multiply, 7),
-    "And": (jnp.logical_and, 7),
-    "Or": (jnp.logical_or, 7),
-    "Xor": (jnp.logical_xor, 7),
-    "Equal": (jnp.equal, 7),
-    "Greater": (jnp.greater, 7),
-    "Less": (jnp.less, 7),
-    "GreaterOrEqual": (jnp.greater_equal, 12),
-    "LessOrEqual": (jnp.less_equal, 12),
-    "BitwiseAnd": (jnp.bitwise_and, 18),
-    "BitwiseOr": (jnp.bitwise_or, 18),
-    "BitwiseXor": (jnp.bitwise_xor, 18),
+BINARY: dict[str, Callable] = {
+    "Add": jnp.add,
+    "Sub": jnp.subtract,
+    "Mul": jnp.multiply,
+    "And": jnp.logical_and,
+    "Or": jnp.logical_or,
+    "Xor": jnp.logical_xor,
+    "BitwiseAnd": jnp.bitwise_and,
+    "BitwiseOr": jnp.bitwise_or,
+    "BitwiseXor": jnp.bitwise_xor,
 }
 
 
-def _register_table(table: dict[str, tuple[Callable, int]]) -> None:
-    for name, (fn, since) in table.items():
-        op(name, *versions(name, since=since))(fn)
+def _comparison(device: Callable, host: Callable) -> Callable:
+    """String tensors never reach XLA (they are always static NumPy arrays): compare them on the host."""
+
+    def compare(a: Array, b: Array) -> Array:
+        if _is_string(a) or _is_string(b):
+            return np.asarray(host(np.asarray(a, dtype=object), np.asarray(b, dtype=object)), dtype=bool)
+        return device(a, b)
+
+    compare.__name__ = device.__name__
+    return compare
 
 
-_register_table(UNARY)
-_register_table(BINARY)
+def _is_string(value: Array) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype.kind in "OUS"
+
+
+COMPARISONS: dict[str, tuple[Callable, Callable]] = {
+    "Equal": (jnp.equal, np.equal),
+    "Greater": (jnp.greater, np.greater),
+    "Less": (jnp.less, np.less),
+    "GreaterOrEqual": (jnp.greater_equal, np.greater_equal),
+    "LessOrEqual": (jnp.less_equal, np.less_equal),
+}
+
+
+def _is_integer(x: Array) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jnp.integer)
+
+
+def div(a: Array, b: Array) -> Array:
+    if _is_integer(a):  # C semantics: the quotient truncates toward zero
+        return jax.lax.div(*jnp.broadcast_arrays(a, b))
+    return jnp.divide(a, b)
+
+
+def pow_(x: Array, y: Array) -> Array:
+    """The exponent may have another type than the base; the result has the base's type."""
+    return jnp.power(x, y).astype(jnp.result_type(x))
+
+
+def bit_shift(x: Array, y: Array, *, direction: str) -> Array:
+    """A shift by a negative amount or by the width or more keeps only the sign fill (XLA's semantics too)."""
+    if direction == "LEFT":
+        return jnp.left_shift(x, y)
+    if direction == "RIGHT":
+        return jnp.right_shift(x, y)  # arithmetic for signed types, logical for unsigned
+    raise ValueError(f"direction must be 'LEFT' or 'RIGHT', got {direction!r}")
+
+
+def mod(a: Array, b: Array, *, fmod: int = 0) -> Array:
+    if fmod not in (0, 1):
+        raise ValueError(f"fmod must be 0 or 1, got {fmod}")
+    if fmod:
+        return jnp.fmod(a, b)  # truncated: the sign of the dividend
+    result = jnp.remainder(a, b)  # floored: the sign of the divisor
+    if _is_integer(result):
+        return result
+    return jnp.where(result == 0, jnp.copysign(jnp.zeros_like(result), b), result)  # a zero takes b's sign too
+
+
+def is_inf(x: Array, *, detect_negative: int = 1, detect_positive: int = 1) -> Array:
+    positive = jnp.isposinf(x) if detect_positive else jnp.zeros(jnp.shape(x), bool)
+    negative = jnp.isneginf(x) if detect_negative else jnp.zeros(jnp.shape(x), bool)
+    return positive | negative
+
+
+def clip(x: Array, low: Array | None = None, high: Array | None = None) -> Array:
+    """Clip-11+: absent bounds do not clip; with low > high every element becomes high (max last)."""
+    dtype = jnp.result_type(x)
+    if low is not None:
+        x = jnp.maximum(x, jnp.asarray(low, dtype))
+    if high is not None:
+        x = jnp.minimum(x, jnp.asarray(high, dtype))
+    return x
+
+
+def clip_with_attributes(x: Array, *, min: float | None = None, max: float | None = None) -> Array:  # noqa: A002
+    """Clip-1 and Clip-6 take the bounds as float attributes."""
+    return clip(x, min, max)
+
+
+def _variadic(fn: Callable) -> Callable:
+    def fold(*inputs: Array) -> Array:
+        return functools.reduce(fn, inputs)
+
+    fold.__name__ = fn.__name__
+    return fold
+
+
+def mean(*inputs: Array) -> Array:
+    dtype = jnp.result_type(inputs[0])
+    return (functools.reduce(jnp.add, inputs) / len(inputs)).astype(dtype)
+
+
+VARIADIC: dict[str, Callable] = {
+    "Max": _variadic(jnp.maximum),  # NaN in any input gives NaN, as jnp.maximum does
+    "Min": _variadic(jnp.minimum),
+    "Sum": _variadic(jnp.add),
+    "Mean": mean,
+}
+
+for _name, _fn in UNARY.items():
+    register(_name, _same_dtype(_fn))
+for _name, _fn in BINARY.items():
+    register_binary(_name, _fn)
+for _name, (_device, _host) in COMPARISONS.items():
+    register_binary(_name, _comparison(_device, _host))
+for _name, _fn in VARIADIC.items():
+    register(_name, _fn)
+register_binary("Div", div)
+register_binary("Pow", pow_)
+register("Mod", mod)
+register("BitShift", bit_shift)
+register("IsInf", is_inf)
+register("IsNaN", jnp.isnan)
+register("Clip", clip_with_attributes, until=10)
+register("Clip", clip, since=11)

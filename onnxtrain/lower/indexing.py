@@ -1,0 +1,322 @@
+"""Indexing: gathers and scatters, selection (Where, OneHot, Compress, NonZero, Unique), scans and ordering.
+
+Gathers and scatters take traced data and traced indices (only shapes are static) and stay differentiable in
+the data, as training graphs need them (embeddings, cross-entropy). Indices known at trace time are range-checked
+up front, since ONNX makes an out-of-range index an error that XLA would otherwise silently fill or drop.
+Ops whose output shape depends on values (NonZero, Unique, Compress, TopK's k) read those values with `static()`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..dtypes import is_float
+from .registry import op, versions
+from .values import Value, is_static, static, static_ints
+
+
+def _axis(axis: int, rank: int) -> int:
+    if not -rank <= axis < rank:
+        raise ValueError(f"axis {axis} is out of range for a tensor of rank {rank}")
+    return axis % rank
+
+
+def _scalar_int(value: Value, what: str) -> int:
+    values = static_ints(value, what)
+    if len(values) != 1:
+        raise ValueError(f"input {what!r} must hold exactly one value, got {len(values)}")
+    return values[0]
+
+
+def _is_text(x: Value) -> bool:
+    return isinstance(x, np.ndarray) and x.dtype.kind in "OUS"
+
+
+def _tensor(x: Value) -> Any:
+    """Strings stay NumPy (they are always static); numbers become jax arrays so traced indices can index them."""
+    return x if _is_text(x) else jnp.asarray(x)
+
+
+def _wrap(indices: Value, size: int | np.ndarray) -> Value:
+    """Negative indices count from the end. `size` broadcasts against `indices` (one size per index column)."""
+    if is_static(indices):
+        idx = np.asarray(indices)
+        sizes = np.broadcast_to(np.asarray(size, dtype=np.int64), idx.shape)
+        bad = (idx < -sizes) | (idx >= sizes)
+        if bad.any():
+            raise IndexError(f"index {idx[bad][0]} is out of range for an axis of size {sizes[bad][0]}")
+        return np.where(idx < 0, idx + sizes, idx).astype(np.int64)
+    return jnp.where(indices < 0, indices + jnp.asarray(size, dtype=indices.dtype), indices)
+
+
+def _take(data: Value, indices: Value, axis: int) -> Value:
+    if _is_text(data):
+        return np.take(data, static(indices, "indices"), axis=axis)
+    return jnp.take(data, indices, axis=axis)
+
+
+# ---- gathers -------------------------------------------------------------------------------------------------
+
+
+@op("Gather", *versions("Gather"))
+def gather(data: Value, indices: Value, *, axis: int = 0) -> Value:
+    axis = _axis(axis, np.ndim(data))
+    return _take(data, _wrap(indices, np.shape(data)[axis]), axis)
+
+
+@op("GatherElements", *versions("GatherElements"))
+def gather_elements(data: Value, indices: Value, *, axis: int = 0) -> Value:
+    axis = _axis(axis, np.ndim(data))
+    if np.ndim(indices) != np.ndim(data):
+        raise ValueError(f"indices have rank {np.ndim(indices)}, data rank {np.ndim(data)}; they must be equal")
+    # Off the gather axis, indices may be shorter than data: only the leading block of data takes part.
+    block = tuple(slice(None) if d == axis else slice(0, n) for d, n in enumerate(np.shape(indices)))
+    data = _tensor(data)[block]
+    positions = _wrap(indices, data.shape[axis])
+    if _is_text(data):
+        return np.take_along_axis(data, static(positions, "indices"), axis=axis)
+    return jnp.take_along_axis(data, positions, axis=axis)
+
+
+@op("GatherND", *versions("GatherND"))
+def gather_nd(data: Value, indices: Value, *, batch_dims: int = 0) -> Value:
+    data_shape, index_shape, b = np.shape(data), np.shape(indices), batch_dims
+    depth = index_shape[-1]
+    if not 1 <= depth <= len(data_shape) - b:
+        raise ValueError(f"indices' last dimension {depth} must be in [1, {len(data_shape) - b}] (data rank - batch_dims)")
+    if data_shape[:b] != index_shape[:b]:
+        raise ValueError(f"the {b} batch dimensions differ: data {data_shape[:b]}, indices {index_shape[:b]}")
+    if _is_text(data):
+        indices = static(indices, "indices")
+    positions = _wrap(indices, np.array(data_shape[b : b + depth]))
+    # Fold the batch dimensions into one so a single advanced-indexing gather serves every batch_dims.
+    batches, per_batch = int(np.prod(data_shape[:b])), int(np.prod(index_shape[b:-1]))
+    flat_data = _tensor(data).reshape((batches,) + data_shape[b:])
+    flat_positions = positions.reshape(batches, per_batch, depth)
+    batch_ids = np.arange(batches)[:, None]
+    picked = flat_data[(batch_ids, *(flat_positions[..., j] for j in range(depth)))]
+    return picked.reshape(index_shape[:-1] + data_shape[b + depth :])
+
+
+# ---- scatters ------------------------------------------------------------------------------------------------
+
+_REDUCTIONS = {"none": "set", "add": "add", "mul": "multiply", "max": "max", "min": "min"}
+
+
+def _scatter(data: Value, where: tuple, updates: Value, reduction: str) -> Value:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; expected one of {sorted(_REDUCTIONS)}")
+    return getattr(jnp.asarray(data).at[where], _REDUCTIONS[reduction])(updates)
+
+
+@op("Scatter", *versions("Scatter"))
+@op("ScatterElements", *versions("ScatterElements"))
+def scatter_elements(data: Value, indices: Value, updates: Value, *, axis: int = 0, reduction: str = "none") -> Value:
+    axis = _axis(axis, np.ndim(data))
+    if np.shape(indices) != np.shape(updates):
+        raise ValueError(f"indices {np.shape(indices)} and updates {np.shape(updates)} must have the same shape")
+    where = list(np.indices(np.shape(indices), sparse=True))
+    where[axis] = _wrap(indices, np.shape(data)[axis])
+    return _scatter(data, tuple(where), updates, reduction)
+
+
+@op("ScatterND", *versions("ScatterND"))
+def scatter_nd(data: Value, indices: Value, updates: Value, *, reduction: str = "none") -> Value:
+    depth = np.shape(indices)[-1]
+    expected = np.shape(indices)[:-1] + np.shape(data)[depth:]
+    if np.shape(updates) != expected:
+        raise ValueError(f"updates have shape {np.shape(updates)}, expected {expected}")
+    positions = _wrap(indices, np.array(np.shape(data)[:depth]))
+    return _scatter(data, tuple(positions[..., j] for j in range(depth)), updates, reduction)
+
+
+@op("TensorScatter", *versions("TensorScatter"))
+def tensor_scatter(
+    past_cache: Value, update: Value, write_indices: Value = None, *, axis: int = -2, mode: str = "linear"
+) -> Value:
+    rank = np.ndim(past_cache)
+    axis = _axis(axis, rank)
+    if axis == 0:
+        raise ValueError("axis must not be 0, the batch axis")
+    if mode not in ("linear", "circular"):
+        raise ValueError(f"unknown mode {mode!r}; expected 'linear' or 'circular'")
+    cache_shape, update_shape = np.shape(past_cache), np.shape(update)
+    if cache_shape[:axis] + cache_shape[axis + 1 :] != update_shape[:axis] + update_shape[axis + 1 :]:
+        raise ValueError(f"update {update_shape} must match past_cache {cache_shape} except along axis {axis}")
+    starts = jnp.zeros(cache_shape[0], jnp.int64) if write_indices is None else jnp.asarray(write_indices)
+    # Row `i` of the update lands at cache row write_indices[batch] + i, along `axis`; later axes are sliced.
+    steps = jnp.arange(update_shape[axis], dtype=starts.dtype).reshape((1,) * axis + (-1,))
+    rows = starts.reshape((-1,) + (1,) * axis) + steps
+    if mode == "circular":
+        rows = rows % cache_shape[axis]
+    prefix = np.indices(update_shape[:axis] + (1,), sparse=True)[:axis]
+    return jnp.asarray(past_cache).at[(*prefix, rows)].set(update)
+
+
+# ---- selection -----------------------------------------------------------------------------------------------
+
+
+@op("Where", *versions("Where"))
+def where(condition: Value, x: Value, y: Value) -> Value:
+    if _is_text(x) or _is_text(y):
+        return np.where(static(condition, "condition"), x, y)
+    return jnp.where(condition, x, y)
+
+
+def _one_hot(indices: Value, depth: Value, values: Value, axis: int, wrap_negative: bool) -> Value:
+    classes = int(static(depth, "depth").reshape(-1)[0])
+    axis = _axis(axis, np.ndim(indices) + 1)
+    positions = jnp.asarray(indices)
+    if jnp.issubdtype(positions.dtype, jnp.integer):
+        positions = positions.astype(jnp.int64)
+    if wrap_negative:
+        positions = jnp.where(positions < 0, positions + classes, positions)
+    # Out-of-range (and, for float indices, fractional) positions match no class and stay all off.
+    hot = jnp.expand_dims(positions, axis) == jnp.arange(classes).reshape((-1,) + (1,) * (np.ndim(indices) - axis))
+    off, on = jnp.asarray(values)[0], jnp.asarray(values)[1]
+    return jnp.where(hot, on, off)
+
+
+@op("OneHot", *versions("OneHot", since=11))
+def one_hot(indices: Value, depth: Value, values: Value, *, axis: int = -1) -> Value:
+    return _one_hot(indices, depth, values, axis, wrap_negative=True)
+
+
+@op("OneHot", *versions("OneHot", until=10))
+def one_hot_v9(indices: Value, depth: Value, values: Value, *, axis: int = -1) -> Value:
+    """Before opset 11 the valid range was [0, depth): a negative index is out of range, not counted from the end."""
+    return _one_hot(indices, depth, values, axis, wrap_negative=False)
+
+
+@op("Compress", *versions("Compress"))
+def compress(input: Value, condition: Value, *, axis: int | None = None) -> Value:  # noqa: A002 - ONNX's name
+    keep = np.flatnonzero(static(condition, "condition").reshape(-1))
+    if axis is None:
+        input, axis = _tensor(input).reshape(-1), 0
+    axis = _axis(axis, np.ndim(input))
+    if keep.size and keep[-1] >= np.shape(input)[axis]:
+        raise ValueError(f"condition selects index {keep[-1]} beyond axis {axis} of size {np.shape(input)[axis]}")
+    return _take(input, keep, axis)
+
+
+@op("NonZero", *versions("NonZero"))
+def non_zero(x: Value) -> np.ndarray:
+    values = static(x, "X")
+    # A scalar has no coordinates: shape (0, nnz), as shape inference's (rank, nnz) says.
+    found = np.stack(np.nonzero(np.atleast_1d(values)))[: values.ndim]
+    return found.astype(np.int64)
+
+
+@op("Unique", *versions("Unique"))
+def unique(x: Value, *, axis: int | None = None, sorted: int = 1) -> tuple[np.ndarray, ...]:  # noqa: A002
+    values = static(x, "X")
+    if axis is None:
+        values, axis = values.reshape(-1), 0
+    axis = _axis(axis, values.ndim)
+    # ml_dtypes floats (bfloat16...) widen exactly to float32, which NumPy's sort-based unique understands.
+    keys = values.astype(np.float32) if is_float(values.dtype) and values.dtype.kind != "f" else values
+    _, first, inverse, counts = np.unique(keys, return_index=True, return_inverse=True, return_counts=True, axis=axis)
+    inverse = inverse.reshape(-1)
+    if not sorted:
+        order = np.argsort(first, kind="stable")
+        first, counts, inverse = first[order], counts[order], np.argsort(order)[inverse]
+    as_int64 = lambda a: np.asarray(a, dtype=np.int64)  # noqa: E731
+    return np.take(values, first, axis=axis), as_int64(first), as_int64(inverse), as_int64(counts)
+
+
+@op("ReverseSequence", *versions("ReverseSequence"))
+def reverse_sequence(input: Value, sequence_lens: Value, *, batch_axis: int = 1, time_axis: int = 0) -> Value:  # noqa: A002
+    if {batch_axis, time_axis} != {0, 1}:
+        raise ValueError(f"batch_axis and time_axis must be 0 and 1 in some order, got {batch_axis}, {time_axis}")
+    data = _tensor(input)
+    steps = data.shape[time_axis]
+    time = jnp.arange(steps).reshape((-1, 1) if time_axis == 0 else (1, -1))
+    lengths = jnp.asarray(sequence_lens, dtype=jnp.int64).reshape((1, -1) if time_axis == 0 else (-1, 1))
+    source = jnp.where(time < lengths, lengths - 1 - time, time)
+    source = jnp.broadcast_to(source.reshape(source.shape + (1,) * (data.ndim - 2)), data.shape)
+    return jnp.take_along_axis(data, source, axis=time_axis)
+
+
+# ---- scans ---------------------------------------------------------------------------------------------------
+
+
+def _shift_in(x: Value, axis: int, fill: int, reverse: bool) -> Value:
+    """Move every element one step along the scan direction, `fill` entering first: turns an inclusive scan
+    into an exclusive one without division (so CumProd stays exact with zeros)."""
+    size = x.shape[axis]
+    pads = [(0, 0)] * x.ndim
+    pads[axis] = (0, 1) if reverse else (1, 0)
+    padded = jnp.pad(x, pads, constant_values=fill)
+    start = 1 if reverse else 0
+    return lax.slice_in_dim(padded, start, start + size, axis=axis)
+
+
+def _cumulative(scan: Callable, identity: int) -> Callable:
+    def cumulative(x: Value, axis: Value, *, exclusive: int = 0, reverse: int = 0) -> Value:
+        x = jnp.asarray(x)
+        along = _axis(_scalar_int(axis, "axis"), x.ndim)
+        if exclusive:
+            x = _shift_in(x, along, identity, bool(reverse))
+        return scan(x, axis=along, reverse=bool(reverse))
+
+    return cumulative
+
+
+SCANS: dict[str, tuple[Callable, int]] = {"CumSum": (lax.cumsum, 0), "CumProd": (lax.cumprod, 1)}
+
+for _name, (_scan, _identity) in SCANS.items():
+    op(_name, *versions(_name))(_cumulative(_scan, _identity))
+
+
+# ---- ordering ------------------------------------------------------------------------------------------------
+
+
+def _arg_reduce(pick: Callable) -> Callable:
+    def arg_reduce(data: Value, *, axis: int = 0, keepdims: int = 1, select_last_index: int = 0) -> Value:
+        data = jnp.asarray(data)
+        along = _axis(axis, data.ndim)
+        if select_last_index:  # the first hit in the reversed tensor is the last one in the original
+            found = (data.shape[along] - 1) - pick(jnp.flip(data, along), axis=along, keepdims=bool(keepdims))
+        else:
+            found = pick(data, axis=along, keepdims=bool(keepdims))
+        return found.astype(jnp.int64)
+
+    return arg_reduce
+
+
+ARG_REDUCTIONS: dict[str, Callable] = {"ArgMax": jnp.argmax, "ArgMin": jnp.argmin}
+
+for _name, _pick in ARG_REDUCTIONS.items():
+    op(_name, *versions(_name))(_arg_reduce(_pick))
+
+
+def _order_reversed(x: Value) -> Value:
+    """A key whose descending order is x's ascending order; bitwise-not cannot overflow as negation can."""
+    return -x if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bitwise_not(x)
+
+
+def _top_k(x: Value, k: int, axis: int, largest: bool) -> tuple[Value, Value]:
+    x = jnp.asarray(x)
+    along = _axis(axis, x.ndim)
+    if not 0 <= k <= x.shape[along]:
+        raise ValueError(f"k = {k} is out of range for axis {along} of size {x.shape[along]}")
+    # XLA's TopK puts the lower index first among equal keys, the tie-break ONNX specifies.
+    _, found = lax.top_k(x if largest else _order_reversed(x), k, axis=along)
+    found = found.astype(jnp.int64)
+    return jnp.take_along_axis(x, found, axis=along), found
+
+
+@op("TopK", *versions("TopK", since=10))
+def top_k(x: Value, k: Value, *, axis: int = -1, largest: int = 1, sorted: int = 1) -> tuple[Value, Value]:  # noqa: A002
+    # sorted=0 leaves the order unspecified, so sorted output is conformant either way.
+    return _top_k(x, _scalar_int(k, "K"), axis, bool(largest))
+
+
+@op("TopK", *versions("TopK", until=9))
+def top_k_v1(x: Value, *, k: int, axis: int = -1) -> tuple[Value, Value]:
+    """Opset 1 took k as an attribute and always returned the largest."""
+    return _top_k(x, k, axis, largest=True)

@@ -1,0 +1,1 @@
+"""Training state: the bindings of TrainingInfoProtos and the variables they name."""

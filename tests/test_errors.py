@@ -1,0 +1,97 @@
+"""Bad input gets an onnxtrain.errors exception that names the offending thing."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import onnxtrain
+from onnxtrain.errors import ExternalDataError, FeedError, ModelLoadError, UnsupportedOpError
+
+
+def add_model() -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["c"])],
+        "add",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 3]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, ["N", 3])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_truncated_file(tmp_path):
+    data = add_model().SerializeToString()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match="cut.onnx"):
+        onnxtrain.load(path)
+
+
+def test_not_an_onnx_file(tmp_path):
+    path = tmp_path / "notes.onnx"
+    path.write_text("these are not the weights you are looking for")
+    with pytest.raises(ModelLoadError, match="notes.onnx.*not an ONNX model"):
+        onnxtrain.load(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ModelLoadError, match="nowhere.onnx"):
+        onnxtrain.load(tmp_path / "nowhere.onnx")
+
+
+def test_unknown_ops_are_reported_all_at_once():
+    model = add_model()
+    model.graph.node.append(helper.make_node("FancyOp", ["c"], ["d"], domain="my.domain"))
+    model.graph.node.append(helper.make_node("OtherOp", ["d"], ["e"], domain="my.domain"))
+    model.opset_import.append(helper.make_opsetid("my.domain", 3))
+    with pytest.raises(UnsupportedOpError) as info:
+        onnxtrain.load(model, check=False)
+    assert "my.domain::FancyOp (opset 3)" in str(info.value)
+    assert "my.domain::OtherOp (opset 3)" in str(info.value)
+
+
+FEEDS_OK = {"a": np.ones((2, 3), np.float32), "b": np.ones((2, 3), np.float32)}
+
+
+@pytest.mark.parametrize(
+    "feeds, message",
+    [
+        ({"a": FEEDS_OK["a"]}, r"missing feed\(s\) \['b'\]"),
+        ({**FEEDS_OK, "bogus": FEEDS_OK["a"]}, r"unknown feed name\(s\) \['bogus'\]"),
+        ({**FEEDS_OK, "b": np.ones((2, 3), np.int64)}, "feed 'b': expected dtype float, got int64"),
+        ({**FEEDS_OK, "b": np.ones((2, 3, 1), np.float32)}, "feed 'b': expected rank 2"),
+        ({**FEEDS_OK, "b": np.ones((2, 4), np.float32)}, "feed 'b': dimension 1 must be 3"),
+        ({**FEEDS_OK, "b": np.ones((5, 3), np.float32)}, "feed 'b': dimension 0 \\('N'\\) is 5, but 'a' dimension 0"),
+    ],
+)
+def test_bad_feeds(feeds, message):
+    engine = onnxtrain.load(add_model())
+    with pytest.raises(FeedError, match=message):
+        engine.infer(feeds)
+
+
+def test_external_data_outside_the_model_folder_is_refused(tmp_path):
+    model = add_model()
+    weight = onnx.numpy_helper.from_array(np.ones((2, 3), np.float32), "b")
+    weight.data_location = TensorProto.EXTERNAL
+    entry = weight.external_data.add()
+    entry.key, entry.value = "location", "../secret.bin"
+    weight.ClearField("raw_data")
+    model.graph.initializer.append(weight)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (tmp_path / "secret.bin").write_bytes(np.ones((2, 3), np.float32).tobytes())
+    (folder / "m.onnx").write_bytes(model.SerializeToString())
+    with pytest.raises(ExternalDataError, match="'../secret.bin' is outside the model's folder"):
+        onnxtrain.load(folder / "m.onnx")
+
+
+def test_compiles_once_per_input_signature():
+    engine = onnxtrain.load(add_model())
+    for n in (2, 2, 5, 2, 5):
+        feeds = {"a": np.ones((n, 3), np.float32), "b": np.ones((n, 3), np.float32)}
+        np.testing.assert_array_equal(np.asarray(engine.infer(feeds)["c"]), np.full((n, 3), 2.0))
+    assert engine.trace_count == 2

@@ -1,0 +1,92 @@
+"""Export: the trained .onnx is valid, runs in ONNX Runtime like `infer`, and is itself a checkpoint."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+
+import onnxtrain
+from onnxtrain.errors import ExportError
+from test_training import mlp_params
+from training_models import mlp_adam
+
+RNG = np.random.default_rng(3)
+X = RNG.normal(size=(16, 4)).astype(np.float32)
+T = RNG.normal(size=(16, 2)).astype(np.float32)
+
+
+def trained(steps: int) -> onnxtrain.Engine:
+    engine = onnxtrain.load(mlp_adam(mlp_params(), lr=0.01))
+    engine.init()
+    for _ in range(steps):
+        engine.train_step({"X": X, "Target": T})
+    return engine
+
+
+def test_export_is_valid_and_onnxruntime_matches_infer(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    engine = trained(5)
+    path = tmp_path / "trained.onnx"
+    engine.export(path)
+    exported = onnx.load(path)
+    onnx.checker.check_model(exported)
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in exported.graph.initializer}
+    np.testing.assert_array_equal(weights["W1"], np.asarray(engine.state["W1"]))
+    moments = {t.name: onnx.numpy_helper.to_array(t) for t in exported.training_info[0].algorithm.initializer}
+    assert int(moments["T"]) == 5
+    inference_only = onnx.ModelProto()
+    inference_only.CopyFrom(exported)
+    del inference_only.training_info[:]
+    session = ort.InferenceSession(inference_only.SerializeToString(), providers=["CPUExecutionProvider"])
+    (ort_y,) = session.run(None, {"X": X})
+    np.testing.assert_allclose(ort_y, np.asarray(engine.infer({"X": X})["Y"]), rtol=1e-5, atol=1e-6)
+
+
+def test_exported_model_resumes_bit_for_bit(tmp_path):
+    uninterrupted = trained(7)
+    first = trained(4)
+    first.export(tmp_path / "ckpt.onnx")
+    resumed = onnxtrain.load(tmp_path / "ckpt.onnx")
+    assert resumed.step_count == 4
+    for _ in range(3):
+        resumed.train_step({"X": X, "Target": T})
+    for name, value in uninterrupted.state.items():
+        np.testing.assert_array_equal(np.asarray(resumed.state[name]), np.asarray(value), err_msg=name)
+
+
+def test_state_checkpoint_resumes_bit_for_bit(tmp_path):
+    uninterrupted = trained(6)
+    first = trained(2)
+    first.save_state(tmp_path / "state.npz")
+    resumed = onnxtrain.load(mlp_adam(mlp_params(), lr=0.01))
+    resumed.load_state(tmp_path / "state.npz")
+    for _ in range(4):
+        resumed.train_step({"X": X, "Target": T})
+    for name, value in uninterrupted.state.items():
+        np.testing.assert_array_equal(np.asarray(resumed.state[name]), np.asarray(value), err_msg=name)
+
+
+def test_export_with_external_data(tmp_path):
+    engine = trained(1)
+    engine.export(tmp_path / "m.onnx", external_data=True)
+    assert (tmp_path / "m.onnx.data").exists()
+    reloaded = onnxtrain.load(tmp_path / "m.onnx")
+    np.testing.assert_array_equal(np.asarray(reloaded.state["W1"]), np.asarray(engine.state["W1"]))
+
+
+def test_failed_export_leaves_the_existing_file_untouched(tmp_path, monkeypatch):
+    engine = trained(1)
+    path = tmp_path / "keep.onnx"
+    path.write_bytes(b"previous contents")
+
+    def broken_save(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(onnx, "save_model", broken_save)
+    with pytest.raises(ExportError, match="disk full"):
+        engine.export(path)
+    assert path.read_bytes() == b"previous contents"
+    assert os.listdir(tmp_path) == ["keep.onnx"]
