@@ -1,0 +1,129 @@
+"""The `onnxtrain` command: info, infer, train. A user mistake is one clear line and exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .errors import OnnxTrainError
+
+
+def cmd_info(args: argparse.Namespace) -> None:
+    from .engine import load
+
+    engine = load(args.model)
+    print(f"model: {args.model}")
+    opsets = ", ".join(f"{o.domain or 'ai.onnx'}={o.version}" for o in engine.model.opset_import)
+    print(f"opsets: {opsets}")
+    for kind, values in (("input", engine.graph.inputs), ("output", engine.graph.outputs)):
+        for v in values:
+            print(f"{kind}: {v.name} {describe(v)}")
+    for name, value in engine.state.items():
+        owner = engine.state_owner[name]
+        where = "graph" if owner is None else f"training_info[{owner}]"
+        print(f"state: {name} {np.dtype(value.dtype)}{list(value.shape)} ({where})")
+    for algorithm in engine.algorithms:
+        feeds = [i.name for i in algorithm.algorithm.inputs]
+        print(f"algorithm {algorithm.index}: feeds {feeds}, updates {sorted(algorithm.update_binding)}")
+    ops = sorted({(n.domain or "ai.onnx", n.op_type) for n in engine.graph.nodes})
+    print("ops: " + ", ".join(f"{d}::{o}" for d, o in ops))
+    print("every op is supported")
+
+
+def describe(value) -> str:
+    from .dtypes import type_name
+
+    if value.elem_type is None:
+        return "(non-tensor)"
+    shape = "?" if value.shape is None else "[" + ", ".join(str(d) for d in value.shape) + "]"
+    return f"{type_name(value.elem_type)}{shape}"
+
+
+def parse_inputs(items: list[str]) -> dict[str, np.ndarray]:
+    feeds = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise OnnxTrainError(f"--input {item!r}: expected NAME=FILE.npy")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise OnnxTrainError(f"--input {name}: cannot read {path!r} ({exc})") from exc
+    return feeds
+
+
+def cmd_infer(args: argparse.Namespace) -> None:
+    from .engine import load
+
+    engine = load(args.model)
+    outputs = engine.infer(parse_inputs(args.input))
+    for name, value in outputs.items():
+        array = np.asarray(value)
+        if args.output_dir:
+            np.save(Path(args.output_dir) / f"{name}.npy", array)
+        print(f"{name}: {array.dtype}{list(array.shape)}\n{array}")
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from .engine import load
+    from .loop import array_batches, fit
+
+    engine = load(args.model, seed=args.seed)
+    try:
+        with np.load(args.data, allow_pickle=False) as data:
+            arrays = {name: data[name] for name in data.files}
+    except (OSError, ValueError) as exc:
+        raise OnnxTrainError(f"--data: cannot read {args.data!r} ({exc})") from exc
+    if not args.no_init:
+        engine.init()
+    history = fit(engine, array_batches(arrays, args.batch_size, seed=args.seed), args.steps,
+                  algorithm=args.algorithm, loss=args.loss, log_every=max(1, args.steps // 20))
+    if history.losses:
+        for step, loss in zip(history.steps, history.losses):
+            print(f"step {step:>6}  loss {loss:.6f}")
+        print(f"loss {history.losses[0]:.6f} -> {history.losses[-1]:.6f} over {args.steps} steps")
+    if args.output:
+        engine.export(args.output)
+        print(f"wrote {args.output}")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="onnxtrain", description="Train and run ONNX models with JAX/XLA.")
+    sub = p.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="inputs, outputs, state variables, training algorithms, ops")
+    info.add_argument("model")
+    info.set_defaults(run=cmd_info)
+    infer = sub.add_parser("infer", help="run the inference graph")
+    infer.add_argument("model")
+    infer.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    infer.add_argument("--output-dir", help="also save each output as NAME.npy there")
+    infer.set_defaults(run=cmd_infer)
+    train = sub.add_parser("train", help="train a model that carries TrainingInfoProto")
+    train.add_argument("model")
+    train.add_argument("--data", required=True, help=".npz whose arrays are named after the graph inputs")
+    train.add_argument("--steps", type=int, default=100)
+    train.add_argument("--batch-size", type=int, default=None)
+    train.add_argument("--algorithm", type=int, default=0)
+    train.add_argument("--loss", help="the output to report as the loss (default: first scalar output)")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--no-init", action="store_true", help="start from the model's initializers")
+    train.add_argument("-o", "--output", help="write the trained model here")
+    train.set_defaults(run=cmd_train)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        args.run(args)
+    except OnnxTrainError as exc:
+        print(f"onnxtrain: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

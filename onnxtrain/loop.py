@@ -1,0 +1,74 @@
+"""The training loop: batches in, train steps out, loss history kept without a host sync per step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping
+
+import numpy as np
+
+from .engine import Engine
+from .errors import FeedError
+
+
+def array_batches(
+    arrays: Mapping[str, np.ndarray], batch_size: int | None = None, shuffle: bool = True, seed: int = 0
+) -> Iterator[dict[str, np.ndarray]]:
+    """Endless minibatches over arrays that share their first dimension (epoch after epoch)."""
+    sizes = {name: len(a) for name, a in arrays.items()}
+    if len(set(sizes.values())) != 1:
+        raise FeedError(f"data arrays differ in their first dimension: {sizes}")
+    n = next(iter(sizes.values()))
+    batch_size = min(batch_size or n, n)
+    rng = np.random.default_rng(seed)
+    while True:
+        order = rng.permutation(n) if shuffle else np.arange(n)
+        for start in range(0, n - batch_size + 1, batch_size):  # full batches only: one compiled shape
+            index = order[start : start + batch_size]
+            yield {name: a[index] for name, a in arrays.items()}
+
+
+def loss_output(engine: Engine, algorithm: int = 0) -> str | None:
+    """The algorithm graph's first scalar float output: what a training loop reports as the loss."""
+    for output in engine.algorithms[algorithm].algorithm.outputs:
+        if output.shape == () and output.elem_type in (1, 10, 11, 16):
+            return output.name
+    return None
+
+
+@dataclass
+class History:
+    steps: list[int] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+
+
+def fit(
+    engine: Engine,
+    batches: Iterable[Mapping[str, Any]],
+    steps: int,
+    algorithm: int = 0,
+    loss: str | None = None,
+    log_every: int = 10,
+    progress: bool = True,
+) -> History:
+    """Run `steps` train steps over `batches`. The loss is read back (a host sync) every `log_every` steps."""
+    from tqdm.auto import tqdm
+
+    loss = loss or loss_output(engine, algorithm)
+    history = History()
+    bar = tqdm(total=steps, disable=not progress, unit="step")
+    iterator = iter(batches)
+    for step in range(steps):
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            break
+        outputs = engine.train_step(batch, algorithm=algorithm)
+        if loss is not None and (step % log_every == 0 or step == steps - 1):
+            value = float(outputs[loss])
+            history.steps.append(step)
+            history.losses.append(value)
+            bar.set_postfix({loss: f"{value:.5f}"})
+        bar.update(1)
+    bar.close()
+    return history
