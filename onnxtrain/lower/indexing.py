@@ -36,9 +36,14 @@ def _is_text(x: Value) -> bool:
     return isinstance(x, np.ndarray) and x.dtype.kind in "OUS"
 
 
-def _tensor(x: Value) -> Any:
-    """Strings stay NumPy (they are always static); numbers become jax arrays so traced indices can index them."""
-    return x if _is_text(x) else jnp.asarray(x)
+def _xp(*tensors: Value) -> Any:
+    """NumPy when strings are involved (XLA has no strings; they are always static), else jax.numpy."""
+    return np if any(_is_text(t) for t in tensors) else jnp
+
+
+def _host(value: Value, what: str, xp: Any) -> Value:
+    """An index input that must be static when the data is computed on the host."""
+    return static(value, what) if xp is np else value
 
 
 def _wrap(indices: Value, size: int | np.ndarray) -> Value:
@@ -53,19 +58,14 @@ def _wrap(indices: Value, size: int | np.ndarray) -> Value:
     return jnp.where(indices < 0, indices + jnp.asarray(size, dtype=indices.dtype), indices)
 
 
-def _take(data: Value, indices: Value, axis: int) -> Value:
-    if _is_text(data):
-        return np.take(data, static(indices, "indices"), axis=axis)
-    return jnp.take(data, indices, axis=axis)
-
-
 # ---- gathers -------------------------------------------------------------------------------------------------
 
 
 @op("Gather", *versions("Gather"))
 def gather(data: Value, indices: Value, *, axis: int = 0) -> Value:
     axis = _axis(axis, np.ndim(data))
-    return _take(data, _wrap(indices, np.shape(data)[axis]), axis)
+    xp = _xp(data)
+    return xp.take(data, _wrap(_host(indices, "indices", xp), np.shape(data)[axis]), axis=axis)
 
 
 @op("GatherElements", *versions("GatherElements"))
@@ -75,11 +75,9 @@ def gather_elements(data: Value, indices: Value, *, axis: int = 0) -> Value:
         raise ValueError(f"indices have rank {np.ndim(indices)}, data rank {np.ndim(data)}; they must be equal")
     # Off the gather axis, indices may be shorter than data: only the leading block of data takes part.
     block = tuple(slice(None) if d == axis else slice(0, n) for d, n in enumerate(np.shape(indices)))
-    data = _tensor(data)[block]
-    positions = _wrap(indices, data.shape[axis])
-    if _is_text(data):
-        return np.take_along_axis(data, static(positions, "indices"), axis=axis)
-    return jnp.take_along_axis(data, positions, axis=axis)
+    xp = _xp(data)
+    data = xp.asarray(data)[block]
+    return xp.take_along_axis(data, _wrap(_host(indices, "indices", xp), data.shape[axis]), axis=axis)
 
 
 @op("GatherND", *versions("GatherND"))
@@ -87,15 +85,14 @@ def gather_nd(data: Value, indices: Value, *, batch_dims: int = 0) -> Value:
     data_shape, index_shape, b = np.shape(data), np.shape(indices), batch_dims
     depth = index_shape[-1]
     if not 1 <= depth <= len(data_shape) - b:
-        raise ValueError(f"indices' last dimension {depth} must be in [1, {len(data_shape) - b}] (data rank - batch_dims)")
+        raise ValueError(f"indices' last dimension is {depth}, it must be in [1, {len(data_shape) - b}]")
     if data_shape[:b] != index_shape[:b]:
         raise ValueError(f"the {b} batch dimensions differ: data {data_shape[:b]}, indices {index_shape[:b]}")
-    if _is_text(data):
-        indices = static(indices, "indices")
-    positions = _wrap(indices, np.array(data_shape[b : b + depth]))
+    xp = _xp(data)
+    positions = _wrap(_host(indices, "indices", xp), np.array(data_shape[b : b + depth]))
     # Fold the batch dimensions into one so a single advanced-indexing gather serves every batch_dims.
     batches, per_batch = int(np.prod(data_shape[:b])), int(np.prod(index_shape[b:-1]))
-    flat_data = _tensor(data).reshape((batches,) + data_shape[b:])
+    flat_data = xp.asarray(data).reshape((batches,) + data_shape[b:])
     flat_positions = positions.reshape(batches, per_batch, depth)
     batch_ids = np.arange(batches)[:, None]
     picked = flat_data[(batch_ids, *(flat_positions[..., j] for j in range(depth)))]
@@ -110,6 +107,12 @@ _REDUCTIONS = {"none": "set", "add": "add", "mul": "multiply", "max": "max", "mi
 def _scatter(data: Value, where: tuple, updates: Value, reduction: str) -> Value:
     if reduction not in _REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; expected one of {sorted(_REDUCTIONS)}")
+    if _is_text(data):
+        if reduction != "none":
+            raise ValueError(f"reduction {reduction!r} is not defined for strings")
+        written = data.copy()
+        written[tuple(static(w, "indices") for w in where)] = updates
+        return written
     return getattr(jnp.asarray(data).at[where], _REDUCTIONS[reduction])(updates)
 
 
@@ -147,14 +150,18 @@ def tensor_scatter(
     cache_shape, update_shape = np.shape(past_cache), np.shape(update)
     if cache_shape[:axis] + cache_shape[axis + 1 :] != update_shape[:axis] + update_shape[axis + 1 :]:
         raise ValueError(f"update {update_shape} must match past_cache {cache_shape} except along axis {axis}")
-    starts = jnp.zeros(cache_shape[0], jnp.int64) if write_indices is None else jnp.asarray(write_indices)
+    xp = _xp(past_cache)
+    if write_indices is None:
+        starts = np.zeros(cache_shape[0], np.int64)
+    else:
+        starts = xp.asarray(_host(write_indices, "write_indices", xp))
     # Row `i` of the update lands at cache row write_indices[batch] + i, along `axis`; later axes are sliced.
-    steps = jnp.arange(update_shape[axis], dtype=starts.dtype).reshape((1,) * axis + (-1,))
+    steps = xp.arange(update_shape[axis], dtype=starts.dtype).reshape((1,) * axis + (-1,))
     rows = starts.reshape((-1,) + (1,) * axis) + steps
     if mode == "circular":
         rows = rows % cache_shape[axis]
     prefix = np.indices(update_shape[:axis] + (1,), sparse=True)[:axis]
-    return jnp.asarray(past_cache).at[(*prefix, rows)].set(update)
+    return _scatter(past_cache, (*prefix, rows), update, "none")
 
 
 # ---- selection -----------------------------------------------------------------------------------------------
@@ -162,23 +169,24 @@ def tensor_scatter(
 
 @op("Where", *versions("Where"))
 def where(condition: Value, x: Value, y: Value) -> Value:
-    if _is_text(x) or _is_text(y):
-        return np.where(static(condition, "condition"), x, y)
-    return jnp.where(condition, x, y)
+    xp = _xp(x, y)
+    return xp.where(_host(condition, "condition", xp), x, y)
 
 
 def _one_hot(indices: Value, depth: Value, values: Value, axis: int, wrap_negative: bool) -> Value:
-    classes = int(static(depth, "depth").reshape(-1)[0])
+    classes = _scalar_int(depth, "depth")
+    if classes < 0:
+        raise ValueError(f"depth must not be negative, got {classes}")
     axis = _axis(axis, np.ndim(indices) + 1)
-    positions = jnp.asarray(indices)
+    xp = _xp(values)
+    positions = jnp.asarray(_host(indices, "indices", xp))
     if jnp.issubdtype(positions.dtype, jnp.integer):
         positions = positions.astype(jnp.int64)
     if wrap_negative:
         positions = jnp.where(positions < 0, positions + classes, positions)
     # Out-of-range (and, for float indices, fractional) positions match no class and stay all off.
     hot = jnp.expand_dims(positions, axis) == jnp.arange(classes).reshape((-1,) + (1,) * (np.ndim(indices) - axis))
-    off, on = jnp.asarray(values)[0], jnp.asarray(values)[1]
-    return jnp.where(hot, on, off)
+    return xp.where(hot, values[1], values[0])
 
 
 @op("OneHot", *versions("OneHot", since=11))
@@ -195,12 +203,14 @@ def one_hot_v9(indices: Value, depth: Value, values: Value, *, axis: int = -1) -
 @op("Compress", *versions("Compress"))
 def compress(input: Value, condition: Value, *, axis: int | None = None) -> Value:  # noqa: A002 - ONNX's name
     keep = np.flatnonzero(static(condition, "condition").reshape(-1))
+    xp = _xp(input)
+    data = xp.asarray(input)
     if axis is None:
-        input, axis = _tensor(input).reshape(-1), 0
-    axis = _axis(axis, np.ndim(input))
-    if keep.size and keep[-1] >= np.shape(input)[axis]:
-        raise ValueError(f"condition selects index {keep[-1]} beyond axis {axis} of size {np.shape(input)[axis]}")
-    return _take(input, keep, axis)
+        data, axis = data.reshape(-1), 0
+    axis = _axis(axis, data.ndim)
+    if keep.size and keep[-1] >= data.shape[axis]:
+        raise ValueError(f"condition selects index {keep[-1]} beyond axis {axis} of size {data.shape[axis]}")
+    return xp.take(data, keep, axis=axis)
 
 
 @op("NonZero", *versions("NonZero"))
@@ -229,16 +239,19 @@ def unique(x: Value, *, axis: int | None = None, sorted: int = 1) -> tuple[np.nd
 
 
 @op("ReverseSequence", *versions("ReverseSequence"))
-def reverse_sequence(input: Value, sequence_lens: Value, *, batch_axis: int = 1, time_axis: int = 0) -> Value:  # noqa: A002
+def reverse_sequence(
+    input: Value, sequence_lens: Value, *, batch_axis: int = 1, time_axis: int = 0  # noqa: A002 - ONNX's name
+) -> Value:
     if {batch_axis, time_axis} != {0, 1}:
         raise ValueError(f"batch_axis and time_axis must be 0 and 1 in some order, got {batch_axis}, {time_axis}")
-    data = _tensor(input)
-    steps = data.shape[time_axis]
-    time = jnp.arange(steps).reshape((-1, 1) if time_axis == 0 else (1, -1))
-    lengths = jnp.asarray(sequence_lens, dtype=jnp.int64).reshape((1, -1) if time_axis == 0 else (-1, 1))
-    source = jnp.where(time < lengths, lengths - 1 - time, time)
-    source = jnp.broadcast_to(source.reshape(source.shape + (1,) * (data.ndim - 2)), data.shape)
-    return jnp.take_along_axis(data, source, axis=time_axis)
+    xp = _xp(input)
+    data = xp.asarray(input)
+    time = xp.arange(data.shape[time_axis]).reshape((-1, 1) if time_axis == 0 else (1, -1))
+    lengths = xp.asarray(_host(sequence_lens, "sequence_lens", xp), dtype=np.int64)
+    lengths = lengths.reshape((1, -1) if time_axis == 0 else (-1, 1))
+    source = xp.where(time < lengths, lengths - 1 - time, time)
+    source = xp.broadcast_to(source.reshape(source.shape + (1,) * (data.ndim - 2)), data.shape)
+    return xp.take_along_axis(data, source, axis=time_axis)
 
 
 # ---- scans ---------------------------------------------------------------------------------------------------
@@ -311,7 +324,9 @@ def _top_k(x: Value, k: int, axis: int, largest: bool) -> tuple[Value, Value]:
 
 
 @op("TopK", *versions("TopK", since=10))
-def top_k(x: Value, k: Value, *, axis: int = -1, largest: int = 1, sorted: int = 1) -> tuple[Value, Value]:  # noqa: A002
+def top_k(
+    x: Value, k: Value, *, axis: int = -1, largest: int = 1, sorted: int = 1  # noqa: A002 - ONNX's name
+) -> tuple[Value, Value]:
     # sorted=0 leaves the order unspecified, so sorted output is conformant either way.
     return _top_k(x, _scalar_int(k, "K"), axis, bool(largest))
 
