@@ -60,7 +60,10 @@ def build() -> onnx.ModelProto:
         ],
         "adam_step",
         [value("Target", ["batch", 1])],
-        [value("loss", [])],
+        [value("loss", [])]
+        + [value(f"{p}_next", list(shapes[p])) for p in params]
+        + [value(f"{m}_next", list(shapes[m[2:]])) for m in moments]
+        + [value("Step_next", [], TensorProto.INT64)],
         [const("LearningRate", np.float32(3e-3)), const("Step", np.int64(0)), const("One", np.int64(1))]
         + [const(m, np.zeros(shapes[m[2:]], np.float32)) for m in moments],
     )

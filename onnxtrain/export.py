@@ -55,7 +55,7 @@ def export_model(engine: "Engine", path: Path, external_data: bool | None = None
         data_name = f"{path.name}.data"
         if external_data:
             onnx.save_model(model, staged, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=data_name, size_threshold=1024)
+                            location=data_name, size_threshold=0)
             if (staging / data_name).exists():
                 os.replace(staging / data_name, folder / data_name)
         else:

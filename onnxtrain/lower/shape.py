@@ -7,8 +7,11 @@ Old opsets that took attributes where newer ones take inputs are thin adapters o
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+from typing import Callable
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -22,11 +25,40 @@ def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:
     """`axis` in [-rank, rank-1] as a non-negative index; a clear error outside that range."""
     if not -rank <= axis < rank:
         raise ValueError(f"{what} {axis} is out of range for rank {rank}")
-    return axis % rank if rank else 0
+    return axis % rank
 
 
 def optional_ints(value: Value, what: str) -> list[int] | None:
     return None if value is None else static_ints(value, what)
+
+
+def is_string_tensor(value: Value) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype.kind in "OUS"
+
+
+def moves_strings(fn: Callable) -> Callable:
+    """Let a pure data-movement op take string tensors (always static): it moves int64 positions into a pool
+    of the strings, and NumPy gathers the strings at the positions that come out."""
+
+    @functools.wraps(fn)
+    def lowered(*inputs, **attributes):
+        if not any(is_string_tensor(v) for v in inputs):
+            return fn(*inputs, **attributes)
+        pool: list = []
+        positions = []
+        for v in inputs:
+            if is_string_tensor(v):
+                positions.append(np.arange(len(pool), len(pool) + v.size, dtype=np.int64).reshape(v.shape))
+                pool.extend(v.reshape(-1).tolist())
+            else:
+                positions.append(v)
+        strings = np.asarray(pool, dtype=object)
+        moved = fn(*positions, **attributes)
+        if isinstance(moved, tuple):
+            return tuple(strings[np.asarray(m)] for m in moved)
+        return strings[np.asarray(moved)]
+
+    return lowered
 
 
 # --- shape queries: always static NumPy, even for traced data ----------------------------------------------
@@ -53,16 +85,19 @@ def reshape_to(data, dims: list[int], allowzero: int = 0):
 
 
 @op("Reshape", *versions("Reshape", since=5))
+@moves_strings
 def reshape(data, shape_, *, allowzero: int = 0):
     return reshape_to(data, static_ints(shape_, "shape"), allowzero)
 
 
 @op("Reshape", 1)
+@moves_strings
 def reshape_v1(data, *, shape: list[int], consumed_inputs: list[int] | None = None):
     return reshape_to(data, shape)
 
 
 @op("Flatten", *versions("Flatten"))
+@moves_strings
 def flatten(data, *, axis: int = 1):
     rank = data.ndim
     if not -rank <= axis <= rank:
@@ -82,11 +117,13 @@ def squeeze_axes(data, axes: list[int] | None):
 
 
 @op("Squeeze", *versions("Squeeze", since=13))
+@moves_strings
 def squeeze(data, axes=None):
     return squeeze_axes(data, optional_ints(axes, "axes"))
 
 
 @op("Squeeze", *versions("Squeeze", until=12))
+@moves_strings
 def squeeze_attr(data, *, axes: list[int] | None = None):
     return squeeze_axes(data, axes)
 
@@ -100,29 +137,34 @@ def unsqueeze_axes(data, axes: list[int]):
 
 
 @op("Unsqueeze", *versions("Unsqueeze", since=13))
+@moves_strings
 def unsqueeze(data, axes):
     return unsqueeze_axes(data, static_ints(axes, "axes"))
 
 
 @op("Unsqueeze", *versions("Unsqueeze", until=12))
+@moves_strings
 def unsqueeze_attr(data, *, axes: list[int]):
     return unsqueeze_axes(data, axes)
 
 
 @op("Transpose", *versions("Transpose"))
+@moves_strings
 def transpose(data, *, perm: list[int] | None = None):
     return jnp.transpose(data, perm)
 
 
 @op("Identity", *versions("Identity"))
-def identity(value):
-    return value  # tensors, sequences (lists) and optionals (None) alike
+def identity(value=None):
+    # Tensors, sequences (lists) and optionals alike; an empty optional arrives as no argument at all.
+    return value
 
 
 # --- joining and splitting ------------------------------------------------------------------------------------
 
 
 @op("Concat", *versions("Concat"))
+@moves_strings
 def concat(*inputs, axis: int = 1):  # opset 1 documents 1 as the default axis
     return jnp.concatenate(inputs, axis=normalize_axis(axis, inputs[0].ndim))
 
@@ -147,12 +189,15 @@ def split_along(data, axis: int, sizes: list[int] | None, parts: int) -> tuple:
 
 
 @op("Split", *versions("Split", since=13))
+@moves_strings
 def split(data, sizes=None, *, axis: int = 0, num_outputs: int | None = None, ctx):
     parts = num_outputs if num_outputs is not None else len(ctx.node.outputs)
-    return split_along(data, axis, optional_ints(sizes, "split"), parts)
+    sizes = optional_ints(sizes, "split")
+    return split_along(data, axis, sizes or None, parts)  # exporters write an empty `split` for "not given"
 
 
 @op("Split", *versions("Split", until=12))
+@moves_strings
 def split_attr(data, sizes=None, *, axis: int = 0, split: list[int] | None = None, ctx):
     # Opset 1 also accepted the sizes as an optional second input.
     sizes = split if split is not None else optional_ints(sizes, "split")
@@ -196,6 +241,7 @@ def slice_axes(data, starts: list[int], ends: list[int], axes: list[int] | None,
 
 
 @op("Slice", *versions("Slice", since=10))
+@moves_strings
 def slice_(data, starts, ends, axes=None, steps=None):
     return slice_axes(
         data,
@@ -207,6 +253,7 @@ def slice_(data, starts, ends, axes=None, steps=None):
 
 
 @op("Slice", 1)
+@moves_strings
 def slice_attr(data, *, starts: list[int], ends: list[int], axes: list[int] | None = None):
     return slice_axes(data, starts, ends, axes, None)
 
@@ -215,12 +262,14 @@ def slice_attr(data, *, starts: list[int], ends: list[int], axes: list[int] | No
 
 
 @op("Expand", *versions("Expand"))
+@moves_strings
 def expand(data, shape_):
     target = np.broadcast_shapes(tuple(data.shape), tuple(static_ints(shape_, "shape")))
     return jnp.broadcast_to(data, target)
 
 
 @op("Tile", *versions("Tile", since=6))
+@moves_strings
 def tile(data, repeats):
     reps = static_ints(repeats, "repeats")
     if len(reps) != data.ndim:
@@ -229,6 +278,7 @@ def tile(data, repeats):
 
 
 @op("Tile", 1)
+@moves_strings
 def tile_v1(data, tiles, axis):
     """Opset 1 repeated the whole tensor `tiles` times along one `axis`."""
     reps = [1] * data.ndim
@@ -238,7 +288,7 @@ def tile_v1(data, tiles, axis):
 
 # --- padding --------------------------------------------------------------------------------------------------
 
-PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}
+PAD_MODES = ("constant", "reflect", "edge", "wrap")  # the same names as jnp.pad's
 
 
 def pad_axes(data, pads: list[int], mode: str, value, axes: list[int] | None = None):
@@ -251,13 +301,13 @@ def pad_axes(data, pads: list[int], mode: str, value, axes: list[int] | None = N
     for i, axis in enumerate(axes):
         widths[axis] = (pads[i], pads[i + len(axes)])
     if mode not in PAD_MODES:
-        raise ValueError(f"unknown pad mode {mode!r}; expected one of {sorted(PAD_MODES)}")
+        raise ValueError(f"unknown pad mode {mode!r}; expected one of {PAD_MODES}")
     if mode == "constant":
         # lax.pad crops on negative widths itself, and takes a traced fill value.
         fill = jnp.asarray(0 if value is None else value, dtype=data.dtype).reshape(())
         return lax.pad(data, fill, [(lo, hi, 0) for lo, hi in widths])
     cropped = data[tuple(slice(max(-lo, 0), data.shape[a] - max(-hi, 0)) for a, (lo, hi) in enumerate(widths))]
-    return jnp.pad(cropped, [(max(lo, 0), max(hi, 0)) for lo, hi in widths], mode=PAD_MODES[mode])
+    return jnp.pad(cropped, [(max(lo, 0), max(hi, 0)) for lo, hi in widths], mode=mode)
 
 
 @op("Pad", *versions("Pad", since=11))
@@ -303,6 +353,7 @@ def require_rank4_blocks(data, blocksize: int, mode: str) -> None:
 
 
 @op("DepthToSpace", *versions("DepthToSpace"))
+@moves_strings
 def depth_to_space(data, *, blocksize: int, mode: str = "DCR"):
     require_rank4_blocks(data, blocksize, mode)
     b, c, h, w = data.shape
@@ -315,6 +366,7 @@ def depth_to_space(data, *, blocksize: int, mode: str = "DCR"):
 
 
 @op("SpaceToDepth", *versions("SpaceToDepth"))
+@moves_strings
 def space_to_depth(data, *, blocksize: int, mode: str = "DCR"):
     require_rank4_blocks(data, blocksize, mode)
     b, c, h, w = data.shape

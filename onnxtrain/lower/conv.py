@@ -1,0 +1,390 @@
+"""Convolutions (Conv, ConvTranspose, ConvInteger, QLinearConv, DeformConv) and the sliding-window geometry
+(kernel/stride/dilation/pads/auto_pad -> output size and padding) that pool.py shares.
+
+Layout: ONNX tensors are channels-first; XLA's CPU convolution is fastest channels-last, so every convolution
+transposes its input to (N, *spatial, C) and the kernel to (*spatial, I, O), runs there and transposes back.
+Consecutive spatial ops cancel the transposes between them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .registry import op, versions
+
+AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+def spatial_param(values: Sequence[int] | None, rank: int, default: int, name: str) -> tuple[int, ...]:
+    """An attribute with one entry per spatial axis (strides, dilations, kernel_shape), defaulted."""
+    if values is None or len(values) == 0:
+        return (default,) * rank
+    if len(values) != rank:
+        raise ValueError(f"{name} has {len(values)} entries, the input has {rank} spatial axes")
+    return tuple(int(v) for v in values)
+
+
+def explicit_pads(pads: Sequence[int] | None, rank: int) -> tuple[tuple[int, int], ...]:
+    """ONNX's [b1, b2, ..., e1, e2, ...] as ((b1, e1), (b2, e2), ...)."""
+    if pads is None or len(pads) == 0:
+        return ((0, 0),) * rank
+    if len(pads) != 2 * rank:
+        raise ValueError(f"pads has {len(pads)} entries, expected {2 * rank} (begin and end of each spatial axis)")
+    return tuple((int(pads[i]), int(pads[i + rank])) for i in range(rank))
+
+
+def split_padding(total: int, extra_at_end: bool) -> tuple[int, int]:
+    """Split `total` padding in two halves; the odd one goes to the end (SAME_UPPER) or the beginning."""
+    small, large = total // 2, total - total // 2
+    return (small, large) if extra_at_end else (large, small)
+
+
+def check_auto_pad(auto_pad: str) -> None:
+    if auto_pad not in AUTO_PADS:
+        raise ValueError(f"auto_pad must be one of {', '.join(AUTO_PADS)}, got {auto_pad!r}")
+
+
+@dataclass(frozen=True)
+class Window:
+    """Where a sliding window visits one input: sizes per spatial axis, pads as ONNX declares them."""
+
+    in_size: tuple[int, ...]
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads: tuple[tuple[int, int], ...]  # explicit, or derived from auto_pad
+    out: tuple[int, ...]
+
+    @property
+    def span(self) -> tuple[int, ...]:
+        """The extent of one dilated window."""
+        return tuple((k - 1) * d + 1 for k, d in zip(self.kernel, self.dilations))
+
+    @property
+    def exact_pads(self) -> tuple[tuple[int, int], ...]:
+        """Pads whose padded input ends where the last window ends: ceil_mode grows the end, a window that does
+        not fit any more shrinks it (negative), so XLA's floor rule yields exactly `out`."""
+        return tuple(
+            (begin, (o - 1) * s + span - size - begin)
+            for (begin, _), o, s, span, size in zip(self.pads, self.out, self.strides, self.span, self.in_size)
+        )
+
+    @property
+    def is_tiling(self) -> bool:
+        """Non-overlapping windows with no padding: a reshape then a reduction does the job."""
+        return (
+            self.strides == self.kernel
+            and all(d == 1 for d in self.dilations)
+            and all(b == 0 and e <= 0 for b, e in self.exact_pads)
+        )
+
+
+def sliding_window(
+    in_size: Sequence[int],
+    kernel: Sequence[int],
+    strides: Sequence[int] | None = None,
+    dilations: Sequence[int] | None = None,
+    pads: Sequence[int] | None = None,
+    auto_pad: str = "NOTSET",
+    ceil_mode: int = 0,
+) -> Window:
+    """The output size and padding of Conv and the pools (their specs share these formulas)."""
+    check_auto_pad(auto_pad)
+    rank = len(in_size)
+    kernel = tuple(int(k) for k in kernel)
+    strides = spatial_param(strides, rank, 1, "strides")
+    dilations = spatial_param(dilations, rank, 1, "dilations")
+    spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = tuple(-(-size // s) for size, s in zip(in_size, strides))
+        totals = [max(0, (o - 1) * s + span - size) for o, s, span, size in zip(out, strides, spans, in_size)]
+        padding = tuple(split_padding(t, auto_pad == "SAME_UPPER") for t in totals)
+    elif auto_pad == "VALID":
+        padding = ((0, 0),) * rank
+        out = tuple((size - span) // s + 1 for size, span, s in zip(in_size, spans, strides))
+    else:
+        padding = explicit_pads(pads, rank)
+        out = tuple(
+            _explicit_out(size, b, e, span, s, bool(ceil_mode))
+            for size, (b, e), span, s in zip(in_size, padding, spans, strides)
+        )
+    if any(o < 1 for o in out):
+        raise ValueError(f"the window {kernel} (dilations {dilations}) does not fit the input {tuple(in_size)}")
+    return Window(tuple(int(s) for s in in_size), kernel, strides, dilations, padding, out)
+
+
+def _explicit_out(size: int, begin: int, end: int, span: int, stride: int, ceil_mode: bool) -> int:
+    room = size + begin + end - span
+    if not ceil_mode:
+        return room // stride + 1
+    out = -(-room // stride) + 1
+    if (out - 1) * stride >= size + begin:  # the last window would start in the end padding: drop it
+        out -= 1
+    return out
+
+
+def to_channels_last(x):
+    return jnp.moveaxis(x, 1, -1)
+
+
+def to_channels_first(x):
+    return jnp.moveaxis(x, -1, 1)
+
+
+def convolve(
+    x,
+    w,
+    strides: Sequence[int],
+    padding: Sequence[tuple[int, int]],
+    dilations: Sequence[int],
+    groups: int,
+    input_dilation: Sequence[int] | None = None,
+    accumulate=None,
+):
+    """ONNX-layout convolution (x: N,C,*S; w: O,C/groups,*K) computed channels-last."""
+    rank = x.ndim - 2
+    if x.shape[1] != w.shape[1] * groups:
+        raise ValueError(f"X has {x.shape[1]} channels, W expects {w.shape[1]} per group x {groups} groups")
+    if w.shape[0] % groups:
+        raise ValueError(f"W's {w.shape[0]} output channels do not divide into {groups} groups")
+    spatial = tuple(range(1, rank + 1))
+    numbers = lax.ConvDimensionNumbers(
+        lhs_spec=(0, rank + 1, *spatial), rhs_spec=(rank + 1, rank, *range(rank)), out_spec=(0, rank + 1, *spatial)
+    )
+    y = lax.conv_general_dilated(
+        to_channels_last(x),
+        jnp.transpose(w, (*range(2, rank + 2), 1, 0)),
+        window_strides=tuple(strides),
+        padding=tuple(padding),
+        lhs_dilation=tuple(input_dilation) if input_dilation else None,
+        rhs_dilation=tuple(dilations),
+        dimension_numbers=numbers,
+        feature_group_count=groups,
+        preferred_element_type=accumulate,
+    )
+    return to_channels_first(y)
+
+
+def add_bias(y, b):
+    if b is None:
+        return y
+    return y + jnp.reshape(b, (1, -1) + (1,) * (y.ndim - 2)).astype(y.dtype)
+
+
+def conv_window(x, w, kernel_shape, strides, dilations, pads, auto_pad) -> Window:
+    if x.ndim < 3:
+        raise ValueError(f"X must have a batch, a channel and at least one spatial axis, got shape {x.shape}")
+    if w.ndim != x.ndim:
+        raise ValueError(f"W has rank {w.ndim}, X has rank {x.ndim}")
+    if kernel_shape and tuple(kernel_shape) != tuple(w.shape[2:]):
+        raise ValueError(f"kernel_shape {list(kernel_shape)} does not match W's spatial shape {list(w.shape[2:])}")
+    return sliding_window(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
+
+
+@op("Conv", *versions("Conv"))
+def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    window = conv_window(X, W, kernel_shape, strides, dilations, pads, auto_pad)
+    y = convolve(X, W.astype(X.dtype), window.strides, window.exact_pads, window.dilations, group)
+    return add_bias(y, B)
+
+
+def integer_operand(v, zero_point, channel_axis_size: int | None = None):
+    """v - zero_point in int32; a 1-D zero point of length `channel_axis_size` applies per output channel."""
+    v = jnp.asarray(v).astype(jnp.int32)
+    if zero_point is None:
+        return v
+    zp = jnp.asarray(zero_point).astype(jnp.int32)
+    if zp.ndim == 1 and zp.shape[0] != 1:
+        if zp.shape[0] != channel_axis_size:
+            raise ValueError(f"a per-channel zero point has {zp.shape[0]} entries for {channel_axis_size} channels")
+        zp = jnp.reshape(zp, (-1,) + (1,) * (v.ndim - 1))
+    else:
+        zp = jnp.reshape(zp, ())
+    return v - zp
+
+
+def integer_conv(x, x_zero_point, w, w_zero_point, auto_pad, dilations, group, kernel_shape, pads, strides):
+    """The exact int32 accumulation shared by ConvInteger and QLinearConv; zero points pad as zeros."""
+    window = conv_window(x, w, kernel_shape, strides, dilations, pads, auto_pad)
+    xi = integer_operand(x, x_zero_point)
+    wi = integer_operand(w, w_zero_point, w.shape[0])
+    return convolve(xi, wi, window.strides, window.exact_pads, window.dilations, group, accumulate=jnp.int32)
+
+
+@op("ConvInteger", *versions("ConvInteger"))
+def conv_integer(
+    x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+    pads=None, strides=None,
+):
+    return integer_conv(x, x_zero_point, w, w_zero_point, auto_pad, dilations, group, kernel_shape, pads, strides)
+
+
+@op("QLinearConv", *versions("QLinearConv"))
+def qlinear_conv(
+    x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None, *, auto_pad="NOTSET",
+    dilations=None, group=1, kernel_shape=None, pads=None, strides=None,
+):
+    acc = integer_conv(x, x_zero_point, w, w_zero_point, auto_pad, dilations, group, kernel_shape, pads, strides)
+    if B is not None:
+        acc = add_bias(acc, jnp.asarray(B).astype(jnp.int32))
+    w_scale = jnp.asarray(w_scale)
+    if w_scale.size > 1:
+        w_scale = jnp.reshape(w_scale, (1, -1) + (1,) * (acc.ndim - 2))
+    scale_dtype = jnp.result_type(x_scale, w_scale, y_scale)
+    multiplier = jnp.asarray(x_scale).astype(scale_dtype) * w_scale.astype(scale_dtype) / jnp.asarray(y_scale)
+    out_dtype = jnp.asarray(y_zero_point).dtype if y_zero_point is not None else jnp.asarray(x).dtype
+    y = jnp.round(acc.astype(scale_dtype) * multiplier)  # round half to even, as the spec asks
+    if y_zero_point is not None:
+        y = y + jnp.asarray(y_zero_point).astype(scale_dtype)
+    info = jnp.iinfo(out_dtype)
+    return jnp.clip(y, info.min, info.max).astype(out_dtype)
+
+
+def transpose_padding(
+    size: int, span: int, stride: int, extra: int, pad: tuple[int, int], target: int | None, extra_at_end: bool
+) -> tuple[int, int]:
+    """ConvTranspose's pads on one axis: explicit, or derived from output_shape / SAME (the target size)."""
+    if target is None:
+        return pad
+    total = stride * (size - 1) + extra + span - target
+    if total < 0:  # a target larger than the full output: grow it at the end, as output_padding does
+        return (0, total)
+    return split_padding(total, extra_at_end)
+
+
+def conv_transpose_op(legacy_split: bool):
+    """ConvTranspose; `legacy_split` is opset 1's rule for splitting an odd derived pad (the reverse of 11's)."""
+
+    def conv_transpose(
+        X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, output_padding=None,
+        output_shape=None, pads=None, strides=None,
+    ):
+        check_auto_pad(auto_pad)
+        rank = X.ndim - 2
+        if W.ndim != X.ndim:
+            raise ValueError(f"W has rank {W.ndim}, X has rank {X.ndim}")
+        if X.shape[1] != W.shape[0]:
+            raise ValueError(f"X has {X.shape[1]} channels, W has {W.shape[0]} input channels")
+        kernel = tuple(W.shape[2:])
+        if kernel_shape and tuple(kernel_shape) != kernel:
+            raise ValueError(f"kernel_shape {list(kernel_shape)} does not match W's spatial shape {list(kernel)}")
+        strides = spatial_param(strides, rank, 1, "strides")
+        dilations = spatial_param(dilations, rank, 1, "dilations")
+        extras = spatial_param(output_padding, rank, 0, "output_padding")
+        padding = explicit_pads(pads, rank) if auto_pad == "NOTSET" else ((0, 0),) * rank
+        targets: list[int | None] = [None] * rank
+        if output_shape:
+            targets = [int(t) for t in output_shape][-rank:]
+        elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            targets = [size * s for size, s in zip(X.shape[2:], strides)]
+        extra_at_end = (auto_pad == "SAME_UPPER") != legacy_split
+        spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+        padding = [
+            transpose_padding(size, span, s, e, p, t, extra_at_end)
+            for size, span, s, e, p, t in zip(X.shape[2:], spans, strides, extras, padding, targets)
+        ]
+        # a transposed convolution is a convolution of the stride-dilated input with the flipped, transposed kernel
+        conv_padding = [(span - 1 - b, span - 1 - e + extra) for span, (b, e), extra in zip(spans, padding, extras)]
+        c_in, m_per_group = W.shape[0], W.shape[1]
+        w = jnp.reshape(W, (group, c_in // group, m_per_group, *kernel))
+        w = jnp.swapaxes(w, 1, 2).reshape((group * m_per_group, c_in // group, *kernel))
+        w = jnp.flip(w, axis=tuple(range(2, rank + 2)))
+        y = convolve(X, w.astype(X.dtype), (1,) * rank, conv_padding, dilations, group, input_dilation=strides)
+        return add_bias(y, B)
+
+    return conv_transpose
+
+
+op("ConvTranspose", 1)(conv_transpose_op(legacy_split=True))
+conv_transpose = op("ConvTranspose", *versions("ConvTranspose", since=11))(conv_transpose_op(legacy_split=False))
+
+
+def linear_taps(coords, size: int):
+    """The two neighbours of fractional positions `coords` on an axis of `size`: [(index, weight, inside)]."""
+    low = jnp.floor(coords)
+    frac = coords - low
+    low = low.astype(jnp.int32)
+    return [(index, weight, (index >= 0) & (index < size)) for index, weight in ((low, 1 - frac), (low + 1, frac))]
+
+
+def gather_taps(x, axis_taps: Sequence[Sequence[tuple]], spatial_shape: Sequence[int]):
+    """Sum over every combination of per-axis taps of weight x value.
+
+    x: (*B, C, prod(spatial_shape)); a tap is (index, weight, inside), each (*B, Q) or None for weight 1 and
+    always inside. Returns (*B, C, Q). A tap outside the input contributes zero; its index is clamped so the
+    gather stays in bounds.
+    """
+    strides = [math.prod(spatial_shape[i + 1:]) for i in range(len(spatial_shape))]
+    total = None
+    for combo in itertools.product(*axis_taps):
+        flat, weight, inside = 0, None, None
+        for (index, w, ok), size, stride in zip(combo, spatial_shape, strides):
+            flat = flat + jnp.clip(index, 0, size - 1) * stride
+            if w is not None:
+                weight = w if weight is None else weight * w
+            if ok is not None:
+                inside = ok if inside is None else inside & ok
+        values = jnp.take_along_axis(x, jnp.expand_dims(flat, -2), axis=-1)
+        if weight is not None:
+            values = values * jnp.expand_dims(weight, -2).astype(values.dtype)
+        if inside is not None:
+            values = jnp.where(jnp.expand_dims(inside, -2), values, jnp.zeros((), values.dtype))
+        total = values if total is None else total + values
+    return total
+
+
+def deform_conv_impl(X, W, offset, B, mask, *, dilations, group, kernel_shape, offset_group, pads, strides):
+    rank = X.ndim - 2
+    n, c = X.shape[:2]
+    kernel = tuple(W.shape[2:])
+    if kernel_shape and tuple(kernel_shape) != kernel:
+        raise ValueError(f"kernel_shape {list(kernel_shape)} does not match W's spatial shape {list(kernel)}")
+    window = sliding_window(X.shape[2:], kernel, strides, dilations, pads)
+    taps = math.prod(kernel)
+    out = tuple(offset.shape[2:])
+    if out != window.out:
+        raise ValueError(f"offset's spatial shape {out} is not the convolution's output shape {window.out}")
+    if offset.shape[1] != offset_group * taps * rank:
+        raise ValueError(f"offset has {offset.shape[1]} channels, expected offset_group x prod(kernel) x {rank}")
+    if c % offset_group:
+        raise ValueError(f"{c} input channels do not divide into offset_group={offset_group}")
+    offset = jnp.reshape(offset, (n, offset_group, taps, rank, *out))
+    # where each kernel tap lands before the learned offsets: (rank, taps, *out)
+    kernel_grid = np.stack(np.meshgrid(*[np.arange(k) * d for k, d in zip(kernel, window.dilations)], indexing="ij"))
+    kernel_grid = kernel_grid.reshape(rank, taps)
+    output_grid = np.stack(
+        np.meshgrid(*[np.arange(o) * s - b for o, s, (b, _) in zip(out, window.strides, window.pads)], indexing="ij")
+    )
+    base = np.swapaxes(kernel_grid.reshape(rank, taps, *([1] * rank)) + output_grid[:, None], 0, 1)
+    coords = offset + jnp.asarray(base, offset.dtype)  # (n, offset_group, taps, rank, *out)
+    q = taps * math.prod(out)
+    axis_taps = [linear_taps(jnp.reshape(coords[:, :, :, a], (n, offset_group, q)), X.shape[2 + a]) for a in range(rank)]
+    x = jnp.reshape(X, (n, offset_group, c // offset_group, -1))
+    sampled = gather_taps(x, axis_taps, X.shape[2:])  # (n, offset_group, c/offset_group, taps * prod(out))
+    sampled = jnp.reshape(sampled, (n, offset_group, c // offset_group, taps, -1))
+    if mask is not None:
+        sampled = sampled * jnp.reshape(mask, (n, offset_group, 1, taps, -1)).astype(sampled.dtype)
+    sampled = jnp.reshape(sampled, (n, group, c // group, taps, -1))
+    weights = jnp.reshape(W, (group, W.shape[0] // group, c // group, taps)).astype(sampled.dtype)
+    y = jnp.einsum("ngcto,gmct->ngmo", sampled, weights)
+    y = jnp.reshape(y, (n, W.shape[0], *out))
+    return add_bias(y, B)
+
+
+@op("DeformConv", *versions("DeformConv"))
+def deform_conv(
+    X, W, offset, B=None, mask=None, *, dilations=None, group=1, kernel_shape=None, offset_group=1, pads=None,
+    strides=None,
+):
+    return deform_conv_impl(
+        X, W, offset, B, mask, dilations=dilations, group=group, kernel_shape=kernel_shape,
+        offset_group=offset_group, pads=pads, strides=strides,
+    )
+

@@ -1,0 +1,240 @@
+"""Pooling: MaxPool (with Indices), AveragePool, LpPool, their Global forms, MaxUnpool and MaxRoiPool.
+
+Window geometry (auto_pad, ceil_mode, dilations) comes from conv.sliding_window. Non-overlapping windows without
+padding (stride == kernel) reduce through a reshape; the others use reduce_window on the channels-last layout,
+like the convolutions, so the transposes between a convolution and a pool cancel.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .conv import Window, explicit_pads, sliding_window, spatial_param, to_channels_first, to_channels_last
+from .registry import op, versions
+from .values import static_ints
+
+
+def pool_window(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode) -> Window:
+    if x.ndim < 3:
+        raise ValueError(f"X must have a batch, a channel and at least one spatial axis, got shape {x.shape}")
+    if kernel_shape is None or len(kernel_shape) != x.ndim - 2:
+        raise ValueError(f"kernel_shape {kernel_shape} must have one entry per spatial axis of X {x.shape}")
+    return sliding_window(x.shape[2:], kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+
+
+def lowest(dtype) -> np.generic:
+    dtype = np.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return np.array(-np.inf, dtype)
+    return np.array(jnp.iinfo(dtype).min, dtype)
+
+
+def reduce_windows(x, window: Window, kind: str):
+    """Max or sum of every window of x (N, C, *spatial); padding contributes the reduction's identity."""
+    reduce_tile, monoid, identity = {
+        "max": (jnp.max, lax.max, lowest(x.dtype)),
+        "sum": (jnp.sum, lax.add, np.array(0, x.dtype)),
+    }[kind]
+    rank = x.ndim - 2
+    if window.is_tiling:
+        x = x[(slice(None), slice(None), *[slice(0, o * k) for o, k in zip(window.out, window.kernel)])]
+        tiles = [d for o, k in zip(window.out, window.kernel) for d in (o, k)]
+        x = jnp.reshape(x, (*x.shape[:2], *tiles))
+        return reduce_tile(x, axis=tuple(range(3, 3 + 2 * rank, 2)))
+    y = lax.reduce_window(
+        to_channels_last(x),
+        identity,
+        monoid,
+        (1, *window.kernel, 1),
+        (1, *window.strides, 1),
+        ((0, 0), *window.exact_pads, (0, 0)),
+        window_dilation=(1, *window.dilations, 1),
+    )
+    return to_channels_first(y)
+
+
+def window_counts(window: Window, include_pad: bool) -> np.ndarray:
+    """How many elements each window averages over: the input's, or also the declared padding's."""
+    per_axis = []
+    for size, k, s, d, (begin, end), o in zip(
+        window.in_size, window.kernel, window.strides, window.dilations, window.pads, window.out
+    ):
+        positions = np.arange(o)[:, None] * s + np.arange(k)[None, :] * d - begin
+        low, high = (-begin, size + end) if include_pad else (0, size)
+        per_axis.append(((positions >= low) & (positions < high)).sum(axis=1))
+    counts = per_axis[0]
+    for c in per_axis[1:]:
+        counts = np.multiply.outer(counts, c)
+    return counts
+
+
+def accumulation_dtype(dtype):
+    """Half-precision sums drift; accumulate them in float32."""
+    return jnp.float32 if jnp.dtype(dtype).itemsize < 4 and jnp.issubdtype(dtype, jnp.floating) else dtype
+
+
+def average_pool_impl(X, window: Window, count_include_pad: int):
+    x = X.astype(accumulation_dtype(X.dtype))
+    sums = reduce_windows(x, window, "sum")
+    counts = window_counts(window, bool(count_include_pad))
+    return (sums / jnp.asarray(counts, x.dtype)).astype(X.dtype)
+
+
+@op("AveragePool", *versions("AveragePool"))
+def average_pool(
+    X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None, kernel_shape, pads=None, strides=None
+):
+    window = pool_window(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    return average_pool_impl(X, window, count_include_pad)
+
+
+@op("MaxPool", *versions("MaxPool"))
+def max_pool(
+    X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, pads=None, storage_order=0, strides=None,
+    ctx=None,
+):
+    window = pool_window(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    y = reduce_windows(X, window, "max")
+    wants_indices = ctx is not None and len(ctx.node.outputs) > 1 and bool(ctx.node.outputs[1])
+    if not wants_indices:
+        return y
+    return y, argmax_indices(X, window, storage_order)
+
+
+def argmax_indices(x, window: Window, storage_order: int):
+    """MaxPool's Indices: the flat index (batch and channel included) of each window's first maximum."""
+    x = lax.stop_gradient(x)  # the indices are integers; keep autodiff away from the variadic reduction
+    spatial = x.shape[2:]
+    size = math.prod(spatial)
+    position = lax.broadcasted_iota(jnp.int64, (1, 1, size), 2).reshape((1, 1, *spatial))
+    position = jnp.broadcast_to(position, x.shape)
+
+    def first_max(a, b):
+        (value_a, index_a), (value_b, index_b) = a, b
+        take_b = (value_b > value_a) | ((value_b == value_a) & (index_b < index_a))
+        return jnp.where(take_b, value_b, value_a), jnp.where(take_b, index_b, index_a)
+
+    _, index = lax.reduce_window(
+        (x, position),
+        (lowest(x.dtype), np.array(np.iinfo(np.int64).max, np.int64)),
+        first_max,
+        (1, 1, *window.kernel),
+        (1, 1, *window.strides),
+        ((0, 0), (0, 0), *window.exact_pads),
+        window_dilation=(1, 1, *window.dilations),
+    )
+    if storage_order:  # column-major numbering of the spatial position
+        coords, remaining = [], index
+        for axis_size in reversed(spatial):
+            coords.append(remaining % axis_size)
+            remaining = remaining // axis_size
+        index = sum(c * math.prod(spatial[:i]) for i, c in enumerate(reversed(coords)))
+    n, c = x.shape[:2]
+    plane = lax.broadcasted_iota(jnp.int64, (n, c, *[1] * len(spatial)), 0) * c
+    plane = plane + lax.broadcasted_iota(jnp.int64, (n, c, *[1] * len(spatial)), 1)
+    return index + plane * size
+
+
+def lp_pool_impl(X, window: Window, p: float):
+    x = X.astype(accumulation_dtype(X.dtype))
+    powered = reduce_windows(jnp.abs(x) ** p, window, "sum")
+    return (powered ** (1.0 / p)).astype(X.dtype)
+
+
+@op("LpPool", *versions("LpPool"))
+def lp_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, p=2, pads=None, strides=None):
+    window = pool_window(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    return lp_pool_impl(X, window, p)
+
+
+def spatial_axes(x) -> tuple[int, ...]:
+    if x.ndim < 3:
+        raise ValueError(f"X must have a batch, a channel and at least one spatial axis, got shape {x.shape}")
+    return tuple(range(2, x.ndim))
+
+
+@op("GlobalAveragePool", *versions("GlobalAveragePool"))
+def global_average_pool(X):
+    return jnp.mean(X, axis=spatial_axes(X), keepdims=True).astype(X.dtype)
+
+
+@op("GlobalMaxPool", *versions("GlobalMaxPool"))
+def global_max_pool(X):
+    return jnp.max(X, axis=spatial_axes(X), keepdims=True)
+
+
+@op("GlobalLpPool", *versions("GlobalLpPool"))
+def global_lp_pool(X, *, p=2):
+    x = X.astype(accumulation_dtype(X.dtype))
+    powered = jnp.sum(jnp.abs(x) ** p, axis=spatial_axes(X), keepdims=True)
+    return (powered ** (1.0 / p)).astype(X.dtype)
+
+
+@op("MaxUnpool", *versions("MaxUnpool"))
+def max_unpool(X, I, output_shape=None, *, kernel_shape, pads=None, strides=None):
+    """Scatter X to the flat positions I of the shape MaxPool's input would have (pads and strides give it);
+    `output_shape` then pads that with zeros at the end of each axis (ONNX's conformance data is laid out so)."""
+    rank = X.ndim - 2
+    if len(kernel_shape) != rank:
+        raise ValueError(f"kernel_shape {list(kernel_shape)} must have one entry per spatial axis of X {X.shape}")
+    strides = spatial_param(strides, rank, 1, "strides")
+    padding = explicit_pads(pads, rank)
+    inferred = [
+        (size - 1) * s - (begin + end) + k
+        for size, s, (begin, end), k in zip(X.shape[2:], strides, padding, kernel_shape)
+    ]
+    shape = (*X.shape[:2], *inferred)
+    flat = jnp.zeros((math.prod(shape),), X.dtype).at[jnp.reshape(I, (-1,))].set(jnp.reshape(X, (-1,)), mode="drop")
+    y = jnp.reshape(flat, shape)
+    if output_shape is None:
+        return y
+    target = static_ints(output_shape, "output_shape")
+    if len(target) != X.ndim:
+        raise ValueError(f"output_shape {target} must have rank {X.ndim}")
+    return lax.pad(y, np.zeros((), X.dtype), [(0, t - s, 0) for t, s in zip(target, shape)])
+
+
+def round_half_away(v):
+    return jnp.sign(v) * jnp.floor(jnp.abs(v) + 0.5)
+
+
+def roi_bins(start, length, bins: int, limit: int):
+    """Integer [start, end) of each of `bins` bins splitting `length` pixels from `start`, clipped to the image."""
+    size = length.astype(jnp.float32) / bins
+    edges = jnp.arange(bins, dtype=jnp.float32)
+    low = jnp.clip(jnp.floor(edges * size).astype(jnp.int32) + start, 0, limit)
+    high = jnp.clip(jnp.ceil((edges + 1) * size).astype(jnp.int32) + start, 0, limit)
+    return low, high
+
+
+@op("MaxRoiPool", *versions("MaxRoiPool"))
+def max_roi_pool(X, rois, *, pooled_shape: Sequence[int], spatial_scale=1.0):
+    """Fast R-CNN's RoI pooling: each roi (batch, x1, y1, x2, y2) is cut into pooled_shape bins, max of each."""
+    if X.ndim != 4 or rois.ndim != 2 or rois.shape[1] != 5:
+        raise ValueError(f"expected X (N, C, H, W) and rois (R, 5), got {X.shape} and {rois.shape}")
+    pooled_h, pooled_w = (int(v) for v in pooled_shape)
+    height, width = X.shape[2:]
+    floor_value = lowest(X.dtype)
+
+    def pool_one(roi):
+        corners = round_half_away(roi[1:] * spatial_scale).astype(jnp.int32)
+        x1, y1, x2, y2 = corners[0], corners[1], corners[2], corners[3]
+        h_low, h_high = roi_bins(y1, jnp.maximum(y2 - y1 + 1, 1), pooled_h, height)
+        w_low, w_high = roi_bins(x1, jnp.maximum(x2 - x1 + 1, 1), pooled_w, width)
+        rows = jnp.arange(height)
+        cols = jnp.arange(width)
+        in_rows = (rows >= h_low[:, None]) & (rows < h_high[:, None])  # (pooled_h, H)
+        in_cols = (cols >= w_low[:, None]) & (cols < w_high[:, None])  # (pooled_w, W)
+        image = jnp.take(X, roi[0].astype(jnp.int32), axis=0)  # (C, H, W)
+        by_col = jnp.max(jnp.where(in_cols[None, None], image[:, :, None, :], floor_value), axis=-1)  # C, H, pw
+        pooled = jnp.max(jnp.where(in_rows[None, :, :, None], by_col[:, None], floor_value), axis=2)  # C, ph, pw
+        empty = (h_high <= h_low)[:, None] | (w_high <= w_low)[None, :]
+        return jnp.where(empty[None], jnp.zeros((), X.dtype), pooled)
+
+    return lax.map(pool_one, jnp.asarray(rois).astype(X.dtype))
+

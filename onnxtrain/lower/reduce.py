@@ -1,0 +1,130 @@
+"""Reduce* ops: one table of reductions, two thin adapters for where the axes come from.
+
+`axes` is an attribute until ReduceSum-13 / the others' version 18, an optional input after. A reduction
+over no axes at all (empty axes with `noop_with_empty_axes=1`) still applies the op's elementwise part, as the
+schemas' function bodies do: ReduceSumSquare gives x*x, ReduceL1 |x|, ReduceLogSum log(x). Reductions over an
+empty set of values give the identity of the reduction (0 for sums, 1 for products, the lowest value of the
+type for max, -inf for the log-sums). Integer and bool inputs keep their dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from .elementwise import Array, register
+from .values import static_ints
+
+Axes = tuple[int, ...]
+Reduction = Callable[[Array, Axes, bool], Array]
+
+
+def _lowest(dtype: jnp.dtype) -> Array:
+    if dtype == jnp.bool_:
+        return False
+    if jnp.issubdtype(dtype, jnp.integer):
+        return jnp.iinfo(dtype).min
+    return -jnp.inf
+
+
+def _highest(dtype: jnp.dtype) -> Array:
+    if dtype == jnp.bool_:
+        return True
+    if jnp.issubdtype(dtype, jnp.integer):
+        return jnp.iinfo(dtype).max
+    return jnp.inf
+
+
+def _sum(x: Array, axes: Axes, keepdims: bool) -> Array:
+    return jnp.sum(x, axis=axes, keepdims=keepdims, dtype=jnp.result_type(x))  # jnp would widen int32 to int64
+
+
+def _mean(x: Array, axes: Axes, keepdims: bool) -> Array:
+    return jnp.mean(x, axis=axes, keepdims=keepdims).astype(jnp.result_type(x))  # integer means truncate
+
+
+def _max(x: Array, axes: Axes, keepdims: bool) -> Array:
+    return jnp.max(x, axis=axes, keepdims=keepdims, initial=_lowest(jnp.result_type(x)))
+
+
+def _min(x: Array, axes: Axes, keepdims: bool) -> Array:
+    return jnp.min(x, axis=axes, keepdims=keepdims, initial=_highest(jnp.result_type(x)))
+
+
+def _prod(x: Array, axes: Axes, keepdims: bool) -> Array:
+    return jnp.prod(x, axis=axes, keepdims=keepdims, dtype=jnp.result_type(x))
+
+
+def _l1(x: Array, axes: Axes, keepdims: bool) -> Array:
+    return _sum(jnp.abs(x), axes, keepdims)
+
+
+def _sum_square(x: Array, axes: Axes, keepdims: bool) -> Array:
+    return _sum(x * x, axes, keepdims)
+
+
+def _l2(x: Array, axes: Axes, keepdims: bool) -> Array:
+    return jnp.sqrt(_sum_square(x, axes, keepdims)).astype(jnp.result_type(x))
+
+
+def _log_sum(x: Array, axes: Axes, keepdims: bool) -> Array:
+    return jnp.log(_sum(x, axes, keepdims)).astype(jnp.result_type(x))
+
+
+def _log_sum_exp(x: Array, axes: Axes, keepdims: bool) -> Array:
+    """Shifted by the maximum so large inputs do not overflow; all -inf (or no values) gives -inf."""
+    dtype = jnp.result_type(x)
+    wide = x if jnp.issubdtype(dtype, jnp.inexact) else jnp.asarray(x, jnp.float64)
+    return jax.nn.logsumexp(wide, axis=axes, keepdims=keepdims).astype(dtype)
+
+
+REDUCTIONS: dict[str, tuple[Reduction, int]] = {
+    # name: (reduction, first since_version taking axes as an input)
+    "ReduceSum": (_sum, 13),
+    "ReduceMean": (_mean, 18),
+    "ReduceMax": (_max, 18),
+    "ReduceMin": (_min, 18),
+    "ReduceProd": (_prod, 18),
+    "ReduceL1": (_l1, 18),
+    "ReduceL2": (_l2, 18),
+    "ReduceSumSquare": (_sum_square, 18),
+    "ReduceLogSum": (_log_sum, 18),
+    "ReduceLogSumExp": (_log_sum_exp, 18),
+}
+
+
+def reduce(reduction: Reduction, data: Array, axes: list[int] | None, keepdims: int) -> Array:
+    """`axes=None` reduces every axis; `axes=[]` none."""
+    rank = jnp.ndim(data)
+    if axes is None:
+        normalized = tuple(range(rank))
+    else:
+        out_of_range = [a for a in axes if not -max(rank, 1) <= a < max(rank, 1)]
+        if out_of_range:
+            raise ValueError(f"axes {axes} out of range for an input of rank {rank}")
+        normalized = tuple(sorted({a % rank for a in axes})) if rank else ()
+    return reduction(data, normalized, bool(keepdims))
+
+
+def _with_axes_attribute(reduction: Reduction) -> Callable:
+    def impl(data: Array, *, axes: list[int] | None = None, keepdims: int = 1) -> Array:
+        return reduce(reduction, data, axes or None, keepdims)  # an empty list is the default: every axis
+
+    return impl
+
+
+def _with_axes_input(reduction: Reduction) -> Callable:
+    def impl(data: Array, axes: Array | None = None, *, keepdims: int = 1, noop_with_empty_axes: int = 0) -> Array:
+        listed = [] if axes is None else static_ints(axes, "axes")
+        if not listed and not noop_with_empty_axes:
+            return reduce(reduction, data, None, keepdims)
+        return reduce(reduction, data, listed, keepdims)
+
+    return impl
+
+
+for _name, (_reduction, _axes_input_since) in REDUCTIONS.items():
+    register(_name, _with_axes_attribute(_reduction), until=_axes_input_since - 1)
+    register(_name, _with_axes_input(_reduction), since=_axes_input_since)

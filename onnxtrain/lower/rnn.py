@@ -1,0 +1,272 @@
+"""RNN, GRU and LSTM: one recurrence driver (directions, sequence_lens, initial states, layouts) and a table of
+per-step cell functions.
+
+Every direction runs in the same lax.scan: weights keep ONNX's leading num_directions axis and a backward
+direction simply sees its sequence reversed (within each batch entry's length), so a bidirectional layer costs
+one scan. The input projection X·Wᵀ + Wb, which does not depend on the state, is one matmul before the scan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..errors import NodeError
+from .registry import op, versions
+from .values import Value, is_static
+
+Array = jax.Array
+Activation = Callable[[Array], Array]
+
+
+# name (lower case) -> (f(x, alpha, beta), default alpha or None if unused, default beta or None if unused)
+ACTIVATIONS: dict[str, tuple[Callable[[Array, float, float], Array], float | None, float | None]] = {
+    "relu": (lambda x, a, b: jax.nn.relu(x), None, None),
+    "tanh": (lambda x, a, b: jnp.tanh(x), None, None),
+    "sigmoid": (lambda x, a, b: jax.nn.sigmoid(x), None, None),
+    "affine": (lambda x, a, b: a * x + b, 1.0, 0.0),
+    "leakyrelu": (lambda x, a, b: jnp.where(x >= 0, x, a * x), 0.01, None),
+    "thresholdedrelu": (lambda x, a, b: jnp.where(x >= a, x, 0), 1.0, None),
+    "scaledtanh": (lambda x, a, b: a * jnp.tanh(b * x), 1.0, 1.0),
+    "hardsigmoid": (lambda x, a, b: jnp.clip(a * x + b, 0, 1), 0.2, 0.5),
+    "elu": (lambda x, a, b: jnp.where(x >= 0, x, a * jnp.expm1(x)), 1.0, None),
+    "softsign": (lambda x, a, b: x / (1 + jnp.abs(x)), None, None),
+    "softplus": (lambda x, a, b: jax.nn.softplus(x), None, None),
+}
+
+
+def bind_activations(names: Sequence[str], alphas: Sequence[float], betas: Sequence[float]) -> list[tuple]:
+    """(function, alpha, beta) per name. As onnxruntime does, alpha/beta values are consumed in order by the
+    activations that take them; the others, and any left without a value, use the function's default."""
+    alphas, betas = list(alphas or []), list(betas or [])
+    bound = []
+    for name in names:
+        key = name.lower()
+        if key not in ACTIVATIONS:
+            raise NodeError(f"unknown activation {name!r}; expected one of {sorted(ACTIVATIONS)}")
+        fn, alpha, beta = ACTIVATIONS[key]
+        if alpha is not None and alphas:
+            alpha = alphas.pop(0)
+        if beta is not None and betas:
+            beta = betas.pop(0)
+        bound.append((key, alpha, beta))
+    return bound
+
+
+def per_direction(bound: Sequence[tuple]) -> Activation:
+    """One activation over the [num_directions, ...] axis; directions may use different functions."""
+    functions = [partial(ACTIVATIONS[key][0], a=alpha, b=beta) for key, alpha, beta in bound]
+    if len(set(bound)) == 1:
+        return functions[0]
+    return lambda x: jnp.stack([fn(x[d]) for d, fn in enumerate(functions)])
+
+
+@dataclass(frozen=True)
+class Weights:
+    """What a step reads besides its input projection: recurrence weights and biases, peepholes."""
+
+    R: Array  # [D, gates*H, H]
+    Rb: Array  # [D, gates*H]
+    P: Array | None  # [D, 3*H], LSTM only
+    clip: Callable[[Array], Array]  # applied to every gate's pre-activation
+
+
+def recur(h: Array, R: Array) -> Array:
+    """h·Rᵀ for every direction: [D, B, H] x [D, G, H] -> [D, B, G]."""
+    return jnp.einsum("dbh,dgh->dbg", h, R)
+
+
+def bias(b: Array) -> Array:
+    return b[:, None, :]  # [D, G] broadcast over the batch
+
+
+def rnn_cell(x: Array, state: tuple, w: Weights, acts: Sequence[Activation]) -> tuple:
+    (h,) = state
+    return (acts[0](w.clip(x + recur(h, w.R) + bias(w.Rb))),)
+
+
+def gru_cell(x: Array, state: tuple, w: Weights, acts: Sequence[Activation], linear_before_reset: int) -> tuple:
+    (h,) = state
+    f, g = acts
+    hidden = h.shape[-1]
+    x_zr, x_h = x[..., : 2 * hidden], x[..., 2 * hidden :]
+    R_zr, R_h = w.R[:, : 2 * hidden], w.R[:, 2 * hidden :]
+    Rb_zr, Rb_h = w.Rb[:, : 2 * hidden], w.Rb[:, 2 * hidden :]
+    z, r = jnp.split(f(w.clip(x_zr + recur(h, R_zr) + bias(Rb_zr))), 2, axis=-1)
+    if linear_before_reset:
+        candidate = g(w.clip(x_h + r * (recur(h, R_h) + bias(Rb_h))))
+    else:
+        candidate = g(w.clip(x_h + recur(r * h, R_h) + bias(Rb_h)))
+    return ((1 - z) * candidate + z * h,)
+
+
+def lstm_cell(x: Array, state: tuple, w: Weights, acts: Sequence[Activation], input_forget: int) -> tuple:
+    h, c = state
+    f, g, act_h = acts
+    gi, go, gf, gc = jnp.split(x + recur(h, w.R) + bias(w.Rb), 4, axis=-1)
+    p_i, p_o, p_f = (bias(p) for p in jnp.split(w.P, 3, axis=-1))
+    i = f(w.clip(gi + p_i * c))
+    forget = 1 - i if input_forget else f(w.clip(gf + p_f * c))
+    c_new = forget * c + i * g(w.clip(gc))
+    o = f(w.clip(go + p_o * c_new))
+    return o * act_h(c_new), c_new
+
+
+@dataclass(frozen=True)
+class CellKind:
+    gates: int  # blocks stacked in W and R
+    activations: tuple[str, ...]  # the default per direction
+    n_states: int  # 1 (h) or 2 (h, c)
+
+
+RNN_KIND = CellKind(1, ("Tanh",), 1)
+GRU_KIND = CellKind(3, ("Sigmoid", "Tanh"), 1)
+LSTM_KIND = CellKind(4, ("Sigmoid", "Tanh", "Tanh"), 2)
+
+DIRECTIONS = {"forward": (False,), "reverse": (True,), "bidirectional": (False, True)}
+
+
+def reverse_within(x: Array, lengths: Array | None) -> Array:
+    """x [T, B, ...] with each batch entry's first lengths[b] steps reversed (the rest stay in place)."""
+    if lengths is None:
+        return jnp.flip(x, 0)
+    t = jnp.arange(x.shape[0])[:, None]
+    index = jnp.where(t < lengths[None, :], lengths[None, :] - 1 - t, t)
+    return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=0)
+
+
+def recurrence(
+    kind: CellKind,
+    cell: Callable,
+    X: Value,
+    W: Value,
+    R: Value,
+    B: Value,
+    sequence_lens: Value,
+    initial: Sequence[Value],
+    P: Value = None,
+    *,
+    direction: str,
+    activations: Sequence[str] | None,
+    activation_alpha: Sequence[float] | None,
+    activation_beta: Sequence[float] | None,
+    clip: float | None,
+    layout: int,
+) -> tuple:
+    """(Y, final states...) in the node's layout."""
+    if direction not in DIRECTIONS:
+        raise NodeError(f"direction must be one of {sorted(DIRECTIONS)}, got {direction!r}")
+    reversed_ = DIRECTIONS[direction]
+    D = len(reversed_)
+    if np.shape(W)[0] != D:
+        raise NodeError(f"direction {direction!r} needs {D} weight set(s), W has {np.shape(W)[0]}")
+    if layout:
+        X = jnp.swapaxes(X, 0, 1)
+        initial = [None if s is None else jnp.swapaxes(s, 0, 1) for s in initial]
+    steps, batch, _ = np.shape(X)
+    hidden = np.shape(R)[-1]
+    dtype = X.dtype
+    states = tuple(jnp.zeros((D, batch, hidden), dtype) if s is None else jnp.asarray(s) for s in initial)
+    B = jnp.zeros((D, 2 * kind.gates * hidden), dtype) if B is None else B
+    Wb, Rb = jnp.split(B, 2, axis=-1)
+    P = jnp.zeros((D, 3 * hidden), dtype) if P is None and kind.n_states == 2 else P
+
+    lengths = None if sequence_lens is None else jnp.asarray(sequence_lens)
+    if sequence_lens is not None and is_static(sequence_lens) and np.all(np.asarray(sequence_lens) == steps):
+        lengths = None  # every sequence is full length: no masking needed
+    ordered = jnp.stack([reverse_within(X, lengths) if rev else X for rev in reversed_])  # [D, T, B, I]
+    projected = jnp.einsum("dtbi,dgi->tdbg", ordered, W) + Wb[None, :, None, :]
+
+    acts = activation_functions(kind, D, activations, activation_alpha, activation_beta)
+    limit = (lambda x: x) if clip is None else (lambda x: jnp.clip(x, -clip, clip))
+    weights = Weights(jnp.asarray(R), Rb, P, limit)
+    mask = None if lengths is None else (jnp.arange(steps)[:, None] < lengths[None, :])[:, None, :, None]
+
+    def step(carry: tuple, xs: tuple) -> tuple:
+        x, active = xs
+        new = cell(x, carry, weights, acts)
+        if active is None:
+            return new, new[0]
+        kept = tuple(jnp.where(active, n, c) for n, c in zip(new, carry))
+        return kept, jnp.where(active, new[0], jnp.zeros((), dtype))
+
+    final, Y = lax.scan(step, states, (projected, mask))  # Y: [T, D, B, H]
+    Y = jnp.stack([reverse_within(Y[:, d], lengths) if rev else Y[:, d] for d, rev in enumerate(reversed_)], 1)
+    if layout:
+        return (jnp.transpose(Y, (2, 0, 1, 3)), *[jnp.swapaxes(s, 0, 1) for s in final])
+    return (Y, *final)
+
+
+def activation_functions(
+    kind: CellKind, D: int, names: Sequence[str] | None, alphas: Sequence[float] | None, betas: Sequence[float] | None
+) -> list[Activation]:
+    """One activation per slot of the cell (f, g, h...), each over the num_directions axis."""
+    k = len(kind.activations)
+    names = list(names) if names else list(kind.activations) * D
+    if len(names) == k and D == 2:
+        names = names * 2  # one list given for a bidirectional layer: both directions use it
+    if len(names) < k * D:
+        raise NodeError(f"activations needs {k * D} names for {D} direction(s), got {len(names)}")
+    bound = bind_activations(names[: k * D], alphas, betas)
+    return [per_direction([bound[d * k + slot] for d in range(D)]) for slot in range(k)]
+
+
+@op("RNN", *versions("RNN", since=7))
+def rnn(
+    X, W, R, B=None, sequence_lens=None, initial_h=None, *, hidden_size=None, activations=None,
+    activation_alpha=None, activation_beta=None, clip=None, direction="forward", layout=0,
+) -> tuple:
+    return recurrence(
+        RNN_KIND, rnn_cell, X, W, R, B, sequence_lens, [initial_h], direction=direction, activations=activations,
+        activation_alpha=activation_alpha, activation_beta=activation_beta, clip=clip, layout=layout,
+    )
+
+
+@op("GRU", *versions("GRU", since=7))
+def gru(
+    X, W, R, B=None, sequence_lens=None, initial_h=None, *, hidden_size=None, activations=None,
+    activation_alpha=None, activation_beta=None, clip=None, direction="forward", linear_before_reset=0, layout=0,
+) -> tuple:
+    return recurrence(
+        GRU_KIND, partial(gru_cell, linear_before_reset=linear_before_reset), X, W, R, B, sequence_lens,
+        [initial_h], direction=direction, activations=activations, activation_alpha=activation_alpha,
+        activation_beta=activation_beta, clip=clip, layout=layout,
+    )
+
+
+@op("LSTM", *versions("LSTM", since=7))
+def lstm(
+    X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, *, hidden_size=None,
+    activations=None, activation_alpha=None, activation_beta=None, clip=None, direction="forward", input_forget=0,
+    layout=0,
+) -> tuple:
+    return recurrence(
+        LSTM_KIND, partial(lstm_cell, input_forget=input_forget), X, W, R, B, sequence_lens,
+        [initial_h, initial_c], P, direction=direction, activations=activations,
+        activation_alpha=activation_alpha, activation_beta=activation_beta, clip=clip, layout=layout,
+    )
+
+
+# Opset 1 (and GRU 3) only add `output_sequence`, which says whether Y is wanted: the node's outputs say that.
+# GRU-1's schema spells its default direction "foward".
+
+
+@op("RNN", 1)
+def rnn_v1(*inputs, output_sequence=0, **attributes) -> tuple:
+    return rnn(*inputs, **attributes)
+
+
+@op("GRU", 1, 3)
+def gru_v1(*inputs, output_sequence=0, direction="forward", **attributes) -> tuple:
+    return gru(*inputs, direction="forward" if direction == "foward" else direction, **attributes)
+
+
+@op("LSTM", 1)
+def lstm_v1(*inputs, output_sequence=0, **attributes) -> tuple:
+    return lstm(*inputs, **attributes)
