@@ -66,6 +66,7 @@ class Engine:
         self.functions = resolver.functions
         self.seed = seed
         self.step_count = int(dict((p.key, p.value) for p in model.metadata_props).get(STEP_METADATA_KEY, 0))
+        self._step: jax.Array | None = None  # device copy of step_count, made on the first train step
 
         self.state_owner = state_owners(self.graph, self.algorithms)
         owned = set(self.state_owner)
@@ -83,6 +84,7 @@ class Engine:
             self._state = device_put(self._initial_state)
 
         self.required_inputs, self.optional_inputs = feed_lists([self.graph])
+        self._train_feeds = [feed_lists([self.graph, a.algorithm]) for a in self.algorithms]
         self._infer = Program(self._infer_body, self.graph.nodes, {i.name for i in self.graph.inputs})
         self._train = [self._train_program(a) for a in self.algorithms]
         self._init = Program(self._init_body, (), set())
@@ -101,14 +103,15 @@ class Engine:
         nodes = self.graph.nodes + algorithm.algorithm.nodes
         inputs = {i.name for i in self.graph.inputs + algorithm.algorithm.inputs}
 
-        def body(state, consts, algorithm_consts, key, step, feeds, static_feeds):
+        def body(carry, consts, algorithm_consts, key, feeds, static_feeds):
+            state, step = carry
             scope = self._main_scope(state, consts, feeds, static_feeds)
             scope.values.update({**self._algorithm_static[algorithm.index], **algorithm_consts})
             runtime = Runtime(jax.random.fold_in(key, step), self.functions, training=True)
             run_nodes(nodes, scope, runtime)
             outputs = {o.name: scope[o.name] for o in self.graph.outputs + algorithm.algorithm.outputs}
             where = f"training_info[{algorithm.index}].update_binding"
-            return assign(state, algorithm.update_binding, scope.values, where), outputs
+            return (assign(state, algorithm.update_binding, scope.values, where), step + 1), outputs
 
         return Program(body, nodes, inputs, donate=(0,))
 
@@ -158,13 +161,13 @@ class Engine:
             raise StateError(
                 f"algorithm {algorithm} does not exist: the model has {len(self.algorithms)} TrainingInfoProto(s)"
             )
-        info = self.algorithms[algorithm].algorithm
-        required, optional = feed_lists([self.graph, info])
-        checked = check_feeds(feeds, required, optional)
-        with jax.enable_x64(True):
-            step = jnp.asarray(self.step_count, dtype=jnp.uint32)
-        self._state, outputs = self._train[algorithm](
-            self._state, self._main_consts, self._algorithm_consts[algorithm], self._key, step, feeds=checked
+        checked = check_feeds(feeds, *self._train_feeds[algorithm])
+        if self._step is None:  # the step count lives on the device between steps: no host transfer per step
+            with jax.enable_x64(True):
+                self._step = jnp.asarray(self.step_count, dtype=jnp.uint32)
+        (self._state, self._step), outputs = self._train[algorithm](
+            (self._state, self._step), self._main_consts, self._algorithm_consts[algorithm], self._key,
+            feeds=checked,
         )
         self.step_count += 1
         return outputs
@@ -174,6 +177,7 @@ class Engine:
         with jax.enable_x64(True):
             self._state = device_put(self._initial_state)
         self.step_count = 0
+        self._step = None
 
     def init(self, seed: int | None = None) -> None:
         """Reset, then run every TrainingInfoProto.initialization in order and assign its bindings."""
@@ -203,6 +207,7 @@ class Engine:
         with jax.enable_x64(True):
             self._state = {**self._state, **device_put(values)}
         self.step_count = int(meta.get("step", 0))
+        self._step = None
 
     def export(self, path: str | Path, external_data: bool | None = None) -> None:
         """Write a copy of the model whose initializers hold the current state, atomically."""
