@@ -1,7 +1,8 @@
 """onnxtrain: train and run ONNX models by lowering them to JAX, so XLA compiles them."""
 
 from . import errors
-from .engine import Engine, load
+from .authoring import make_trainable
+from .engine import Engine, export_params, jax_function, load
 
-__all__ = ["Engine", "errors", "load"]
+__all__ = ["Engine", "errors", "export_params", "jax_function", "load", "make_trainable"]
 __version__ = "0.1.0"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -186,6 +186,20 @@ class Engine:
             key = jax.random.key(self.seed if seed is None else seed)
         self._state, _ = self._init(self._state, key, feeds={})
 
+    def jax_function(self) -> tuple[Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]], dict]:
+        """`fn, params`: ModelProto.graph as a pure function `fn(params, feeds) -> {output: array}`, jittable
+        and differentiable in `params` (every float initializer and state variable of the main graph).
+
+        It traces under JAX's x64 mode so ONNX's int64/double values keep their dtypes."""
+        params = {**self._main_consts, **{n: v for n, v in self._state.items() if self.state_owner[n] is None}}
+
+        def fn(params: Mapping[str, Any], feeds: Mapping[str, Any]) -> dict[str, Any]:
+            with jax.enable_x64(True):
+                _, outputs = self._infer_body(params, {}, self._key, feeds, {})
+            return outputs
+
+        return fn, params
+
     # ----- checkpoints and export -----
 
     def save_state(self, path: str | Path) -> None:
@@ -221,3 +235,17 @@ def load(source: ModelSource, seed: int = 0, check: bool = True) -> Engine:
     model, _folder = read_model(source)
     return Engine(model, seed=seed, check=check)
 
+
+
+def jax_function(source: ModelSource, seed: int = 0):
+    """`fn, params = jax_function(model)`: see Engine.jax_function. Train `params` with any optax optimizer,
+    then write them back with `export_params(model, params, path)`."""
+    return load(source, seed=seed).jax_function()
+
+
+def export_params(source: ModelSource, params: Mapping[str, Any], path: str | Path) -> None:
+    """Write `source` with its main-graph initializers replaced by `params`, atomically."""
+    from .export import save_atomic, with_initializers
+
+    model, _ = read_model(source)
+    save_atomic(with_initializers(model, params), Path(path))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 import onnx
@@ -41,9 +41,27 @@ def trained_model(engine: "Engine") -> onnx.ModelProto:
 
 
 def export_model(engine: "Engine", path: Path, external_data: bool | None = None) -> None:
-    """Save `engine`'s model with its current state. Large models (or external_data=True) keep their
-    weights in `<name>.data` beside the model; both files appear at once or not at all."""
-    model = trained_model(engine)
+    """Save `engine`'s model with its current state."""
+    save_atomic(trained_model(engine), path, external_data)
+
+
+def with_initializers(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx.ModelProto:
+    """A copy of `model` whose main-graph initializers named in `values` hold those values."""
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    unknown = set(values) - {t.name for t in result.graph.initializer}
+    if unknown:
+        raise ExportError(f"{sorted(unknown)} are not initializers of the model's main graph")
+    for tensor in result.graph.initializer:
+        if tensor.name in values:
+            tensor.CopyFrom(numpy_helper.from_array(np.asarray(values[tensor.name]), tensor.name))
+    return result
+
+
+def save_atomic(model: onnx.ModelProto, path: Path, external_data: bool | None = None) -> None:
+    """Large models (or external_data=True) keep their weights in `<name>.data` beside the model; the model
+    file is written to a temporary name and renamed into place, so it is never half-written."""
+    path = Path(path)
     if external_data is None:
         external_data = model.ByteSize() > PROTOBUF_LIMIT // 2
     folder = path.resolve().parent
