@@ -43,15 +43,17 @@ class NodeError(OnnxTrainError):
 class StaticValueRequired(NodeError):
     """An input that XLA needs at compile time (a shape, an axis list, a count) is only known at run time."""
 
-    def __init__(self, what: str, value_name: str | None = None, node: str | None = None):
+    def __init__(self, what: str, value_name: str | None = None, node: str | None = None, reason: str = ""):
         self.what = what
         self.value_name = value_name
         self.node = node
+        self.reason = reason
         where = f" of node {node}" if node else ""
         named = f" (value {value_name!r})" if value_name else ""
+        why = f"; {reason}" if reason else ""
         super().__init__(
             f"input {what!r}{where}{named} must be known at compile time (a constant, an initializer, "
-            f"or computed from shapes), but it depends on run-time data"
+            f"or computed from shapes), but it depends on run-time data{why}"
         )
 
 

@@ -14,12 +14,10 @@ from .model import ValueInfo
 
 def to_array(name: str, value: Any) -> Any:
     """A feed as a NumPy or jax array (jax arrays pass through without a copy); sequences stay lists."""
-    if isinstance(value, jax.Array) or isinstance(value, np.ndarray):
+    if isinstance(value, (jax.Array, np.ndarray)) or value is None:
         return value
-    if isinstance(value, list) and value and isinstance(value[0], (np.ndarray, jax.Array)):
-        return value
-    if value is None:
-        return None
+    if isinstance(value, list):  # an ONNX sequence (possibly empty): a list of tensors
+        return [to_array(name, v) for v in value]
     try:
         return np.asarray(value)
     except (TypeError, ValueError) as exc:

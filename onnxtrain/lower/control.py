@@ -20,7 +20,7 @@ from jax import lax
 from ..errors import NodeError, StaticValueRequired
 from .graph import NodeContext, Subgraph
 from .registry import op, versions
-from .values import Value, is_static, static, static_ints, to_static
+from .values import Value, is_static, static_ints, to_static
 
 
 class Unstructured(Exception):
@@ -30,9 +30,7 @@ class Unstructured(Exception):
 def needs_static(ctx: NodeContext, index: int, what: str, reason: str) -> StaticValueRequired:
     """A StaticValueRequired for input `index` that also says why the value must be known at compile time."""
     name = ctx.node.inputs[index] if index < len(ctx.node.inputs) and ctx.node.inputs[index] else None
-    exc = StaticValueRequired(what, name, ctx.node.label)
-    exc.args = (f"{exc.args[0]}; {reason}",)
-    return exc
+    return StaticValueRequired(what, name, ctx.node.label, reason)
 
 
 def folded(fn: Callable[..., Any], *args: Any) -> Any:
@@ -168,8 +166,8 @@ class LoopRun:
 
     def unrolled(self, carried: list) -> tuple:
         reason = "the loop is unrolled (its body cannot run inside lax.scan / lax.while_loop)"
-        limit = None if self.M is None else int(np.asarray(self.static(0, "M", reason)).reshape(-1)[0])
-        cond = np.array(True) if self.cond is None else self.static(1, "cond", reason)
+        limit = None if self.M is None else int(np.asarray(self.static_input(0, "M", reason)).reshape(-1)[0])
+        cond = np.array(True) if self.cond is None else self.static_input(1, "cond", reason)
         i, per_step = 0, []
         while truth(cond) and (limit is None or i < limit):
             new_cond, carried, ys = self.split(self.body(np.array(i, np.int64), cond, *carried))
@@ -189,7 +187,7 @@ class LoopRun:
             return (*carried, *self.empty_scan_outputs(carried, cond))
         return (*carried, *[folded(lambda *v: jnp.stack(v), *column) for column in zip(*per_step)])
 
-    def static(self, index: int, what: str, reason: str) -> np.ndarray:
+    def static_input(self, index: int, what: str, reason: str) -> np.ndarray:
         value = self.M if index == 0 else self.cond
         if not is_static(value):
             raise needs_static(self.ctx, index, what, reason)

@@ -118,7 +118,7 @@ def run_node(node: "Node", scope: Scope, runtime: Runtime, siblings: Sequence["N
     except StaticValueRequired as exc:
         if exc.node is not None:
             raise
-        raise StaticValueRequired(exc.what, value_name_of(node, exc.what), node.label) from None
+        raise StaticValueRequired(exc.what, value_name_of(node, exc.what), node.label, exc.reason) from None
     except OnnxTrainError:
         raise
     except Exception as exc:

@@ -1,0 +1,152 @@
+"""make_trainable on models exported from PyTorch, checked against PyTorch training loops (autograd for the
+gradients, torch.optim for SGD / momentum / Nesterov / Adagrad, NumPy for ONNX's Adam formula, which differs
+from torch.optim.Adam: ONNX applies no bias correction at T == 0 and its step count starts at 0)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import onnx
+import pytest
+
+import onnxtrain
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+LR = 0.05
+EPS = 1e-6
+STEPS = 20
+
+
+def mlp() -> "torch.nn.Module":
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+
+
+def cnn() -> "torch.nn.Module":
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(36, 3)
+    )
+
+
+INPUTS = {"mlp": (mlp, (6, 4)), "cnn": (cnn, (6, 1, 8, 8))}
+
+
+def export(module, x) -> onnx.ModelProto:
+    buffer = io.BytesIO()
+    torch.onnx.export(module, (x,), buffer, dynamo=False, input_names=["X"], output_names=["Y"],
+                      dynamic_axes={"X": {0: "N"}, "Y": {0: "N"}}, opset_version=17)
+    return onnx.load_from_string(buffer.getvalue())
+
+
+def torch_loss(kind: str, y, t):
+    return {"mse": F.mse_loss, "cross_entropy": F.cross_entropy,
+            "bce_logits": F.binary_cross_entropy_with_logits}[kind](y, t)
+
+
+def targets(kind: str, rng, n: int):
+    if kind == "cross_entropy":
+        return rng.integers(0, 3, size=n).astype(np.int64)
+    if kind == "bce_logits":
+        return rng.integers(0, 2, size=(n, 3)).astype(np.float32)
+    return rng.normal(size=(n, 3)).astype(np.float32)
+
+
+def reference_training(module, optimizer: str, loss: str, x, t) -> dict[str, np.ndarray]:
+    params = dict(module.named_parameters())
+    torch_optimizers = {
+        "sgd": lambda p: torch.optim.SGD(p, lr=LR),
+        "momentum": lambda p: torch.optim.SGD(p, lr=LR, momentum=0.9),
+        "nesterov": lambda p: torch.optim.SGD(p, lr=LR, momentum=0.9, nesterov=True),
+        "adagrad": lambda p: torch.optim.Adagrad(p, lr=LR, eps=EPS),
+    }
+    opt = torch_optimizers[optimizer](params.values()) if optimizer != "adam" else None
+    v = {k: np.zeros(p.shape, np.float32) for k, p in params.items()}  # float32, as the model computes
+    h = {k: np.zeros(p.shape, np.float32) for k, p in params.items()}
+    for step in range(STEPS):
+        module.zero_grad()
+        torch_loss(loss, module(torch.from_numpy(x)), torch.from_numpy(t)).backward()
+        if opt is not None:
+            opt.step()
+            continue
+        with torch.no_grad():  # the Adam schema's pseudo code
+            for k, p in params.items():
+                g = p.grad.numpy()
+                v[k] = 0.9 * v[k] + 0.1 * g
+                h[k] = 0.999 * h[k] + 0.001 * g * g
+                r = LR * np.sqrt(1 - 0.999**step) / (1 - 0.9**step) if step > 0 else LR
+                p.copy_(torch.from_numpy(p.numpy() - np.float32(r) * v[k] / (np.sqrt(h[k]) + EPS)))
+    return {k: p.detach().numpy() for k, p in params.items()}
+
+
+@pytest.mark.parametrize("architecture", ["mlp", "cnn"])
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "nesterov", "adagrad", "adam"])
+@pytest.mark.parametrize("loss", ["mse", "cross_entropy", "bce_logits"])
+def test_trainable_pytorch_export_matches_pytorch_training(architecture, optimizer, loss):
+    build, shape = INPUTS[architecture]
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=shape).astype(np.float32)
+    t = targets(loss, rng, shape[0])
+    module = build()
+    model = export(module, torch.from_numpy(x))
+    options = {"epsilon": EPS} if optimizer in ("adam", "adagrad") else {}
+    trainable = onnxtrain.make_trainable(model, loss=loss, optimizer=optimizer, learning_rate=LR, **options)
+    onnx.checker.check_model(trainable)
+    engine = onnxtrain.load(trainable)
+    engine.init()
+    for _ in range(STEPS):
+        engine.train_step({"X": x, "target": t})
+    expected = reference_training(module, optimizer, loss, x, t)
+    # Adam moves every weight by about `LR` per step whatever its gradient's size, so a near-zero gradient
+    # that float32 rounds differently in XLA and in PyTorch shows as an absolute (not relative) difference.
+    atol = 2e-4 * LR if optimizer == "adam" else 1e-6
+    for name, value in expected.items():
+        np.testing.assert_allclose(np.asarray(engine.state[name]), value, rtol=1e-4, atol=atol, err_msg=name)
+
+
+def test_trained_export_runs_in_onnxruntime(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    x = np.random.default_rng(1).normal(size=(6, 4)).astype(np.float32)
+    model = export(mlp(), torch.from_numpy(x))
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="mse", optimizer="adam", learning_rate=LR))
+    engine.init()
+    for _ in range(5):
+        engine.train_step({"X": x, "target": np.zeros((6, 3), np.float32)})
+    engine.export(tmp_path / "trained.onnx")
+    session = ort.InferenceSession(str(tmp_path / "trained.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {"X": x})[0], np.asarray(engine.infer({"X": x})["Y"]),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_optax_through_jax_function_matches_pytorch(tmp_path):
+    """jax_function + optax.sgd on a PyTorch export equals torch.optim.SGD; export_params writes it back."""
+    import jax
+    import optax
+
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(6, 4)).astype(np.float32)
+    t = rng.normal(size=(6, 3)).astype(np.float32)
+    module = mlp()
+    model = export(module, torch.from_numpy(x))
+    fn, params = onnxtrain.jax_function(model)
+    optimizer = optax.sgd(LR)
+    opt_state = optimizer.init(params)
+
+    @jax.jit
+    def step(params, opt_state):
+        grads = jax.grad(lambda p: ((fn(p, {"X": x})["Y"] - t) ** 2).mean())(params)
+        updates, opt_state = optimizer.update(grads, opt_state)
+        return optax.apply_updates(params, updates), opt_state
+
+    for _ in range(STEPS):
+        params, opt_state = step(params, opt_state)
+    expected = reference_training(module, "sgd", "mse", x, t)
+    for name, value in expected.items():
+        np.testing.assert_allclose(np.asarray(params[name]), value, rtol=1e-4, atol=1e-6, err_msg=name)
+    onnxtrain.export_params(model, params, tmp_path / "tuned.onnx")
+    reloaded = onnxtrain.load(tmp_path / "tuned.onnx")
+    np.testing.assert_allclose(np.asarray(reloaded.infer({"X": x})["Y"]),
+                               module(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
