@@ -90,6 +90,29 @@ def cmd_train(args: argparse.Namespace) -> None:
         print(f"wrote {args.output}")
 
 
+def cmd_make_trainable(args: argparse.Namespace) -> None:
+    from .authoring import make_trainable
+    from .export import save_atomic
+    from .model import read_model
+
+    model, _ = read_model(args.model)
+    options = {k: v for k, v in (("alpha", args.alpha), ("beta", args.beta), ("epsilon", args.epsilon)) if v is not None}
+    trainable = make_trainable(model, loss=args.loss, optimizer=args.optimizer, learning_rate=args.lr,
+                               trainable=args.trainable, reinitialize=args.reinitialize, **options)
+    save_atomic(trainable, Path(args.output))
+    print(f"wrote {args.output}: loss {args.loss}, optimizer {args.optimizer}, learning rate {args.lr}")
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    from .engine import load
+
+    engine = load(args.model)
+    if args.state:
+        engine.load_state(args.state)
+    engine.export(args.output, external_data=args.external_data or None)
+    print(f"wrote {args.output}")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="onnxtrain", description="Train and run ONNX models with JAX/XLA.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -112,6 +135,24 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--no-init", action="store_true", help="start from the model's initializers")
     train.add_argument("-o", "--output", help="write the trained model here")
     train.set_defaults(run=cmd_train)
+    author = sub.add_parser("make-trainable", help="add a TrainingInfoProto (loss, Gradient, optimizer)")
+    author.add_argument("model")
+    author.add_argument("--loss", default="mse", help="mse, cross_entropy, bce_logits or output:NAME")
+    author.add_argument("--optimizer", default="adam", help="sgd, momentum, nesterov, adagrad or adam")
+    author.add_argument("--lr", type=float, default=1e-3)
+    author.add_argument("--trainable", help="regular expression over initializer names (default: all floats)")
+    author.add_argument("--alpha", type=float)
+    author.add_argument("--beta", type=float)
+    author.add_argument("--epsilon", type=float)
+    author.add_argument("--reinitialize", action="store_true", help="initialization graph re-draws weights")
+    author.add_argument("-o", "--output", required=True)
+    author.set_defaults(run=cmd_make_trainable)
+    export = sub.add_parser("export", help="write the model with a state checkpoint (.npz) applied")
+    export.add_argument("model")
+    export.add_argument("--state", help="a checkpoint written by Engine.save_state")
+    export.add_argument("--external-data", action="store_true")
+    export.add_argument("-o", "--output", required=True)
+    export.set_defaults(run=cmd_export)
     return p
 
 

@@ -49,7 +49,13 @@ def save_npz(path: str | Path, state: Mapping[str, Any], meta: Mapping[str, Any]
 def load_npz(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     import ml_dtypes  # noqa: F401  (registers the dtype names np.dtype() resolves below)
 
-    with np.load(path, allow_pickle=False) as data:
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise StateError(f"cannot read state checkpoint {str(path)!r}: {exc}") from exc
+    with data:
+        if "__onnxtrain__" not in data.files:
+            raise StateError(f"{str(path)!r} is not an onnxtrain state checkpoint (written by Engine.save_state)")
         header = json.loads(bytes(data["__onnxtrain__"]).decode())
         state = {}
         for name, dtype_name in header["dtypes"].items():

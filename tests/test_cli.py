@@ -1,0 +1,94 @@
+"""Every CLI subcommand run as a subprocess, with one user mistake each (one line, exit status 2)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import onnxtrain
+
+EXAMPLE = Path(onnxtrain.__file__).parent / "examples"
+MODEL, DATA = EXAMPLE / "regression.onnx", EXAMPLE / "regression.npz"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "onnxtrain.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+def assert_user_error(result: subprocess.CompletedProcess, fragment: str) -> None:
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("onnxtrain: error:") and fragment in result.stderr, result.stderr
+
+
+def test_info():
+    result = cli("info", MODEL)
+    assert result.returncode == 0, result.stderr
+    assert "input: X float[batch, 2]" in result.stdout
+    assert "state: Step int64[] (training_info[0])" in result.stdout
+    assert "ai.onnx.preview.training::Adam" not in result.stdout  # main graph ops only
+    assert_user_error(cli("info", "missing.onnx"), "missing.onnx")
+
+
+def test_infer(tmp_path):
+    x = np.array([[0.5, -1.0]], np.float32)
+    np.save(tmp_path / "x.npy", x)
+    result = cli("infer", MODEL, "--input", f"X={tmp_path / 'x.npy'}", "--output-dir", tmp_path)
+    assert result.returncode == 0, result.stderr
+    expected = np.asarray(onnxtrain.load(MODEL).infer({"X": x})["Y"])
+    np.testing.assert_array_equal(np.load(tmp_path / "Y.npy"), expected)
+    np.save(tmp_path / "bad.npy", x.astype(np.float64))
+    assert_user_error(cli("infer", MODEL, "--input", f"X={tmp_path / 'bad.npy'}"), "expected dtype float")
+
+
+def test_train_writes_a_model_whose_loss_fell(tmp_path):
+    out = tmp_path / "trained.onnx"
+    result = cli("train", MODEL, "--data", DATA, "--steps", 60, "--batch-size", 64, "-o", out)
+    assert result.returncode == 0, result.stderr
+    first, last = (float(v) for v in result.stdout.split("loss ")[-1].split(" over")[0].split(" -> "))
+    assert last < first
+    onnx.checker.check_model(onnx.load(out))
+    np.savez(tmp_path / "wrong.npz", X=np.zeros((4, 2), np.float32), Other=np.zeros((4, 1), np.float32))
+    assert_user_error(cli("train", MODEL, "--data", tmp_path / "wrong.npz", "--steps", 1), "missing feed(s) ['Target']")
+
+
+def test_make_trainable_then_train(tmp_path):
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])], "lin",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 1])],
+        [numpy_helper.from_array(np.zeros((2, 1), np.float32), "W")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "lin.onnx")
+    result = cli("make-trainable", tmp_path / "lin.onnx", "--loss", "mse", "--optimizer", "sgd", "--lr", "0.1",
+                 "-o", tmp_path / "lin_train.onnx")
+    assert result.returncode == 0, result.stderr
+    x = np.random.default_rng(0).normal(size=(32, 2)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", X=x, target=x @ np.array([[2.0], [-1.0]], np.float32))
+    result = cli("train", tmp_path / "lin_train.onnx", "--data", tmp_path / "d.npz", "--steps", 200, "-o",
+                 tmp_path / "done.onnx")
+    assert result.returncode == 0, result.stderr
+    w = {t.name: numpy_helper.to_array(t) for t in onnx.load(tmp_path / "done.onnx").graph.initializer}["W"]
+    np.testing.assert_allclose(w, [[2.0], [-1.0]], atol=1e-3)
+    assert_user_error(cli("make-trainable", tmp_path / "lin.onnx", "--optimizer", "rmsprop", "-o", tmp_path / "x.onnx"),
+                      "optimizer must be one of")
+
+
+def test_export_applies_a_state_checkpoint(tmp_path):
+    engine = onnxtrain.load(MODEL)
+    engine.init(seed=3)
+    engine.save_state(tmp_path / "state.npz")
+    result = cli("export", MODEL, "--state", tmp_path / "state.npz", "-o", tmp_path / "out.onnx")
+    assert result.returncode == 0, result.stderr
+    exported = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(tmp_path / "out.onnx").graph.initializer}
+    np.testing.assert_array_equal(exported["W1"], np.asarray(engine.state["W1"]))
+    np.savez(tmp_path / "junk.npz", a=np.zeros(1))
+    assert_user_error(cli("export", MODEL, "--state", tmp_path / "junk.npz", "-o", tmp_path / "o.onnx"), "junk.npz")
