@@ -92,6 +92,17 @@ def tensor_value(tensor: onnx.TensorProto) -> np.ndarray:
     return numpy_helper.to_array(tensor)
 
 
+def sparse_to_dense(sparse: onnx.SparseTensorProto) -> np.ndarray:
+    """A SparseTensorProto as a dense array (indices are flat positions, or one coordinate row per value)."""
+    values = tensor_value(sparse.values)
+    indices = tensor_value(sparse.indices).astype(np.int64)
+    dims = tuple(sparse.dims)
+    dense = np.zeros(int(np.prod(dims)), values.dtype)
+    flat = indices if indices.ndim == 1 else np.ravel_multi_index(tuple(indices.T), dims)
+    dense[flat] = values
+    return dense.reshape(dims)
+
+
 def decode_attribute(attr: onnx.AttributeProto, resolver: Resolver) -> Any:
     kind = onnx.AttributeProto
     decoders = {
@@ -99,7 +110,7 @@ def decode_attribute(attr: onnx.AttributeProto, resolver: Resolver) -> Any:
         kind.INT: lambda: int(attr.i),
         kind.STRING: lambda: attr.s.decode("utf-8"),
         kind.TENSOR: lambda: tensor_value(attr.t),
-        kind.SPARSE_TENSOR: lambda: numpy_helper.to_array(attr.sparse_tensor),
+        kind.SPARSE_TENSOR: lambda: sparse_to_dense(attr.sparse_tensor),
         kind.GRAPH: lambda: build_graph(attr.g, resolver),
         kind.TYPE_PROTO: lambda: attr.tp,
         kind.FLOATS: lambda: [float(f) for f in attr.floats],
@@ -107,7 +118,7 @@ def decode_attribute(attr: onnx.AttributeProto, resolver: Resolver) -> Any:
         kind.STRINGS: lambda: [s.decode("utf-8") for s in attr.strings],
         kind.TENSORS: lambda: [tensor_value(t) for t in attr.tensors],
         kind.GRAPHS: lambda: [build_graph(g, resolver) for g in attr.graphs],
-        kind.SPARSE_TENSORS: lambda: [numpy_helper.to_array(t) for t in attr.sparse_tensors],
+        kind.SPARSE_TENSORS: lambda: [sparse_to_dense(t) for t in attr.sparse_tensors],
         kind.TYPE_PROTOS: lambda: list(attr.type_protos),
     }
     if attr.type not in decoders:
@@ -177,7 +188,7 @@ def schema_has_body(schema: onnx.defs.OpSchema | None, opset: int | None) -> boo
 def build_graph(proto: onnx.GraphProto, resolver: Resolver) -> Graph:
     initializers = {t.name: tensor_value(t) for t in proto.initializer}
     for sparse in proto.sparse_initializer:
-        initializers[sparse.values.name] = numpy_helper.to_array(sparse)
+        initializers[sparse.values.name] = sparse_to_dense(sparse)
     return Graph(
         name=proto.name,
         inputs=tuple(value_info(v) for v in proto.input),

@@ -412,7 +412,8 @@ def col2im(data, image_shape, block_shape, *, strides=None, pads=None, dilations
 
 @op("Range", *versions("Range"))
 def range_(start, limit, delta, *, stash_type: int | None = None):
-    """Length is data-dependent, so the three scalars must be static; values are start + i * delta."""
+    """Length is data-dependent, so the three scalars must be static and the range is built on the host;
+    values are start + i * delta."""
     names = ("start", "limit", "delta")
     first, stop, step = (static(v, what).reshape(()) for v, what in zip((start, limit, delta), names))
     dtype = first.dtype
@@ -425,14 +426,14 @@ def range_(start, limit, delta, *, stash_type: int | None = None):
         # Opset 27's stash_type sets the precision float16/bfloat16 ranges are computed in.
         low_precision = dtype.itemsize == 2
         compute = np_dtype(stash_type) if low_precision and stash_type is not None else np.float64
-    steps = jnp.arange(count, dtype=compute)
-    return (jnp.asarray(first, compute) + steps * jnp.asarray(step, compute)).astype(dtype)
+    return (first.astype(compute) + np.arange(count, dtype=compute) * step.astype(compute)).astype(dtype)
 
 
 @op("ConstantOfShape", *versions("ConstantOfShape"))
-def constant_of_shape(shape_, *, value: np.ndarray | None = None):
+def constant_of_shape(shape_, *, value: np.ndarray | None = None) -> np.ndarray:
+    # The output is a compile-time constant whatever the graph, so it is built on the host directly.
     fill = np.zeros((), np.float32) if value is None else np.asarray(value).reshape(())
-    return jnp.full(static_ints(shape_, "input"), fill, dtype=fill.dtype)
+    return np.full(static_ints(shape_, "input"), fill, dtype=fill.dtype)
 
 
 CONSTANT_ATTRIBUTES = {
