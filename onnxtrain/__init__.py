@@ -3,6 +3,9 @@
 from . import errors
 from .authoring import make_trainable
 from .engine import Engine, export_params, jax_function, load
+from .loop import History, array_batches, fit
 
-__all__ = ["Engine", "errors", "export_params", "jax_function", "load", "make_trainable"]
+__all__ = [
+    "Engine", "History", "array_batches", "errors", "export_params", "fit", "jax_function", "load", "make_trainable",
+]
 __version__ = "0.1.0"
