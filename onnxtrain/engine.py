@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import onnx
 
@@ -24,9 +23,10 @@ from .feeds import check_feeds
 from .lower.graph import Runtime, Scope, run_graph, run_nodes
 from .model import Graph, ModelSource, ValueInfo, build_graph, check_model, model_resolver, raise_if_missing
 from .model import read_model
+from .placement import Placement
 from .program import Program
 from .state.bindings import Algorithm, parse_training_info, state_owners
-from .state.store import assign, device_put, load_npz, save_npz
+from .state.store import assign, load_npz, save_npz
 
 STEP_METADATA_KEY = "onnxtrain.step"
 
@@ -55,7 +55,9 @@ class Engine:
     `train_step(feeds, algorithm)` run the TrainingInfoProto graphs and assign state through their bindings.
     """
 
-    def __init__(self, model: onnx.ModelProto, seed: int = 0, check: bool = True):
+    def __init__(
+        self, model: onnx.ModelProto, seed: int = 0, check: bool = True, devices: Sequence[jax.Device] | None = None
+    ):
         if check:
             check_model(model)
         self.model = model
@@ -77,14 +79,16 @@ class Engine:
         self._main_static, main_traced = split_initializers(self.graph, owned)
         split = [split_initializers(a.algorithm, owned) for a in self.algorithms]
         self._algorithm_static = [s for s, _ in split]
+        self._placement = Placement(devices)
         with jax.enable_x64(True):
             self._key = jax.random.key(seed)
-            self._main_consts = device_put(main_traced)
-            self._algorithm_consts = [device_put(t) for _, t in split]
-            self._state = device_put(self._initial_state)
+            self._main_consts = self._placement.put(main_traced)
+            self._algorithm_consts = [self._placement.put(t) for _, t in split]
+            self._state = self._placement.put(self._initial_state)
 
         self.required_inputs, self.optional_inputs = feed_lists([self.graph])
         self._train_feeds = [feed_lists([self.graph, a.algorithm]) for a in self.algorithms]
+        self._declared = {i.name: i for g in [self.graph] + [a.algorithm for a in self.algorithms] for i in g.inputs}
         self._infer = Program(self._infer_body, self.graph.nodes, {i.name for i in self.graph.inputs})
         self._train = [self._train_program(a) for a in self.algorithms]
         self._init = Program(self._init_body, (), set())
@@ -107,7 +111,7 @@ class Engine:
             state, step = carry
             scope = self._main_scope(state, consts, feeds, static_feeds)
             scope.values.update({**self._algorithm_static[algorithm.index], **algorithm_consts})
-            runtime = Runtime(jax.random.fold_in(key, step), self.functions, training=True)
+            runtime = Runtime(jax.random.fold_in(key, step), self.functions, training=True, step=step)
             run_nodes(nodes, scope, runtime)
             outputs = {o.name: scope[o.name] for o in self.graph.outputs + algorithm.algorithm.outputs}
             where = f"training_info[{algorithm.index}].update_binding"
@@ -149,7 +153,7 @@ class Engine:
 
     def infer(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """Run ModelProto.graph on `feeds` with the current state; returns {output name: array}."""
-        checked = check_feeds(feeds, self.required_inputs, self.optional_inputs)
+        checked = self._placement.feeds(check_feeds(feeds, self.required_inputs, self.optional_inputs), self._declared)
         _, outputs = self._infer(self._state, self._main_consts, self._key, feeds=checked)
         return {name: outputs[name] for name in self.output_names}
 
@@ -161,10 +165,10 @@ class Engine:
             raise StateError(
                 f"algorithm {algorithm} does not exist: the model has {len(self.algorithms)} TrainingInfoProto(s)"
             )
-        checked = check_feeds(feeds, *self._train_feeds[algorithm])
+        checked = self._placement.feeds(check_feeds(feeds, *self._train_feeds[algorithm]), self._declared)
         if self._step is None:  # the step count lives on the device between steps: no host transfer per step
             with jax.enable_x64(True):
-                self._step = jnp.asarray(self.step_count, dtype=jnp.uint32)
+                self._step = self._placement.put({"step": np.uint32(self.step_count)})["step"]
         (self._state, self._step), outputs = self._train[algorithm](
             (self._state, self._step), self._main_consts, self._algorithm_consts[algorithm], self._key,
             feeds=checked,
@@ -175,7 +179,7 @@ class Engine:
     def reset(self) -> None:
         """Every state variable back to its initializer value (the spec's pre-initialized state)."""
         with jax.enable_x64(True):
-            self._state = device_put(self._initial_state)
+            self._state = self._placement.put(self._initial_state)
         self.step_count = 0
         self._step = None
 
@@ -219,7 +223,7 @@ class Engine:
                     f"the model's is {np.dtype(current.dtype)}{list(current.shape)}"
                 )
         with jax.enable_x64(True):
-            self._state = {**self._state, **device_put(values)}
+            self._state = {**self._state, **self._placement.put(values)}
         self.step_count = int(meta.get("step", 0))
         self._step = None
 
@@ -230,10 +234,15 @@ class Engine:
         export_model(self, Path(path), external_data)
 
 
-def load(source: ModelSource, seed: int = 0, check: bool = True) -> Engine:
-    """Read an ONNX model (path, bytes or ModelProto), validate it and bind every node to its lowering."""
+def load(
+    source: ModelSource, seed: int = 0, check: bool = True, devices: Sequence[jax.Device] | None = None
+) -> Engine:
+    """Read an ONNX model (path, bytes or ModelProto), validate it and bind every node to its lowering.
+
+    `devices`: run data parallel over these devices (batched feeds split along their first axis, state
+    replicated); default: JAX's default device."""
     model, _folder = read_model(source)
-    return Engine(model, seed=seed, check=check)
+    return Engine(model, seed=seed, check=check, devices=devices)
 
 
 

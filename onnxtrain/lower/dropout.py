@@ -37,7 +37,8 @@ def dropout_if(training, x, ratio, key):
 
 
 @op("Dropout", *versions("Dropout", since=12))
-def dropout(data, ratio=0.5, training_mode=None, *, seed=None, ctx):
+def dropout(data, ratio=None, training_mode=None, *, seed=None, ctx):
+    ratio = 0.5 if ratio is None else ratio  # also when skipped as "" before a given training_mode
     training = ctx.runtime.training if training_mode is None else training_mode
     if is_static(training, ratio) and (not bool(training) or float(ratio) == 0):
         return identity(data)

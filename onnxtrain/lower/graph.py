@@ -50,7 +50,8 @@ class Runtime:
 
     key: Any  # a jax PRNG key (traced), the root of every random op's stream
     functions: dict[tuple[str, str], onnx.FunctionProto] = field(default_factory=dict)
-    training: bool = False  # True inside train_step: Dropout and BatchNormalization may take training mode
+    training: bool = False  # True inside train_step: Dropout without a training_mode input drops
+    step: Any = None  # the train step count (traced) inside train_step, else None
 
 
 @dataclass
@@ -64,9 +65,11 @@ class NodeContext:
     position: int
 
     def rng(self, seed: float | None = None):
-        """A PRNG key for this node: its own `seed` attribute wins, else the run's key folded with the node."""
+        """A PRNG key for this node: its own `seed` attribute wins (advanced by the step count in a train step,
+        as a seeded generator advances between calls), else the run's key folded with the node."""
         if seed is not None:
-            return jax.random.key(int(seed))
+            key = jax.random.key(int(seed))
+            return key if self.runtime.step is None else jax.random.fold_in(key, self.runtime.step)
         tag = zlib.crc32("\0".join(self.node.outputs).encode()) & 0x7FFFFFFF
         return jax.random.fold_in(self.runtime.key, tag)
 

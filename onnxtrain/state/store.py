@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-import jax
 import numpy as np
 
 from ..errors import StateError
@@ -64,6 +63,3 @@ def load_npz(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
             state[name] = array.view(dtype) if array.dtype != dtype else array
     return state, header["meta"]
 
-
-def device_put(values: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
-    return {name: jax.device_put(value) for name, value in values.items()}

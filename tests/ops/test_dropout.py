@@ -78,6 +78,15 @@ def test_traced_training_mode_switches_without_recompiling():
     np.testing.assert_array_equal(same, x)
 
 
+def test_skipped_ratio_defaults_to_half():
+    x = np.ones((100, 100), np.float32)
+    model = node_model("Dropout", {"x": x, "t": np.bool_(True)}, n_outputs=2)
+    model.graph.node[0].input[:] = ["x", "", "t"]
+    y, mask = run_engine(onnxtrain.load(model, check=False), x=x, t=np.bool_(True))
+    assert abs(mask.mean() - 0.5) < 0.03
+    np.testing.assert_array_equal(np.unique(y), [0.0, 2.0])
+
+
 def test_ratio_one_drops_everything_without_nan():
     x = rng.standard_normal((10, 10)).astype(np.float32)
     y, mask = run_engine(onnxtrain.load(dropout_model(), check=False), x=x, r=np.float32(1.0), t=np.bool_(True))

@@ -7,9 +7,13 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
+from onnx import TensorProto, helper
+
 import onnxtrain
 from nodes import assert_matches_reference, node_model
 from onnxtrain.lower import normalization as norm
+from training_models import model as training_model
+from training_models import tensor, vi
 
 rng = np.random.default_rng(0)
 
@@ -254,3 +258,27 @@ def test_mean_variance_normalization_axes():
     (y,) = run(node_model("MeanVarianceNormalization", {"x": x}, axes=[0, -1]), {"x": x})
     want = (x - x.mean((0, 2), keepdims=True)) / (x.std((0, 2), keepdims=True) + 1e-9)
     np.testing.assert_allclose(y, want, rtol=1e-10)
+
+
+def test_running_statistics_bound_as_state_update_each_train_step():
+    """A training model binds BatchNormalization's running_mean/running_var outputs to its mean/var inputs."""
+    params = {k: v for k, v in bn_inputs().items() if k != "x"}
+    node = helper.make_node(
+        "BatchNormalization", ["X", *params], ["Y", "mean_new", "var_new"], training_mode=1, momentum=0.5
+    )
+    graph = helper.make_graph(
+        [node],
+        "bn",
+        [vi("X", TensorProto.FLOAT, [2, 3, 4, 5])],
+        [vi("Y"), vi("mean_new"), vi("var_new")],
+        [tensor(name, value) for name, value in params.items()],
+    )
+    algorithm = helper.make_graph([helper.make_node("Identity", ["Y"], ["Y2"])], "report", [], [vi("Y2")])
+    info = helper.make_training_info(algorithm, [("mean", "mean_new"), ("var", "var_new")], None, None)
+    engine = onnxtrain.load(training_model(graph, [info], opset=15), check=False)
+    x = randn(2, 3, 4, 5)
+    for _ in range(2):
+        engine.train_step({"X": x})
+    batch_mean, batch_var = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
+    np.testing.assert_allclose(engine.state["mean"], params["mean"] * 0.25 + batch_mean * 0.75, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(engine.state["var"], params["var"] * 0.25 + batch_var * 0.75, rtol=1e-5, atol=1e-6)

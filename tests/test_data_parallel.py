@@ -1,0 +1,50 @@
+"""The same model trained on 1 and on 8 (virtual CPU) devices gives the same state within float tolerance."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = r"""
+import sys
+import numpy as np
+import jax
+sys.path.insert(0, sys.argv[1])
+import onnxtrain
+from training_models import mlp_adam
+from test_training import mlp_params
+
+assert len(jax.devices()) == 8, jax.devices()
+rng = np.random.default_rng(0)
+x = rng.normal(size=(64, 4)).astype(np.float32)
+t = rng.normal(size=(64, 2)).astype(np.float32)
+states = []
+for devices in (jax.devices()[:1], jax.devices()):
+    engine = onnxtrain.load(mlp_adam(mlp_params(), lr=0.01), devices=devices)
+    engine.init()
+    for _ in range(10):
+        out = engine.train_step({"X": x, "Target": t})
+    states.append({k: np.asarray(v) for k, v in engine.state.items()})
+    sharding = engine.infer({"X": x})["Y"].sharding
+    print(len(devices), "devices, output sharded over", len(sharding.device_set))
+for name in states[0]:
+    np.testing.assert_allclose(states[1][name], states[0][name], rtol=1e-5, atol=1e-6, err_msg=name)
+engine = onnxtrain.load(mlp_adam(mlp_params(), lr=0.01), devices=jax.devices())
+try:
+    engine.train_step({"X": x[:6], "Target": t[:6]})
+except onnxtrain.errors.FeedError as exc:
+    print("refused:", exc)
+print("EQUAL")
+"""
+
+
+def test_one_and_eight_devices_train_to_the_same_state():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run([sys.executable, "-c", SCRIPT, str(Path(__file__).parent)], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "8 devices, output sharded over 8" in result.stdout
+    assert "refused: feed 'X': batch size 6 is not divisible by the 8 devices" in result.stdout
+    assert result.stdout.strip().endswith("EQUAL")
