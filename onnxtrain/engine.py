@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import onnx
 
+from .cache import enable_compilation_cache
 from .dtypes import is_float
 from .errors import StateError
 from .feeds import check_feeds
@@ -241,6 +242,7 @@ def load(
 
     `devices`: run data parallel over these devices (batched feeds split along their first axis, state
     replicated); default: JAX's default device."""
+    enable_compilation_cache()
     model, _folder = read_model(source)
     return Engine(model, seed=seed, check=check, devices=devices)
 
