@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import helper
+
+
+# XLA has no 6-bit float type: such arrays are computed with NumPy and never enter or leave a jitted function.
+HOST_ONLY_DTYPES = frozenset({np.dtype(ml_dtypes.float6_e2m3fn), np.dtype(ml_dtypes.float6_e3m2fn)})
+
+
+def host_only(value) -> bool:
+    """Strings and 6-bit floats live on the host only (NumPy), never in an XLA program."""
+    return isinstance(value, np.ndarray) and (value.dtype.kind in "OUS" or value.dtype in HOST_ONLY_DTYPES)
 
 
 def np_dtype(elem_type: int) -> np.dtype:
@@ -32,8 +42,6 @@ def is_float(dtype: np.dtype) -> bool:
     if dtype.kind in "fc":
         return True
     try:
-        import ml_dtypes
-
         ml_dtypes.finfo(dtype)
         return True
     except (ValueError, TypeError):

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
+from .dtypes import host_only
 from .errors import StaticValueRequired
 from .model import Graph, Node
 
@@ -46,8 +47,8 @@ def graph_inputs_feeding(value_name: str, nodes: Sequence[Node], inputs: set[str
 class Program:
     """`body(*arrays, static_feeds) -> (state, outputs)`, compiled per static-feed values and input signature.
 
-    String outputs cannot leave a jitted function; they are static by construction (strings only come from
-    static values), so they are kept from the trace and merged back into the outputs after each call.
+    String (and 6-bit float) outputs cannot leave a jitted function; they are static by construction (they only
+    come from static values), so they are kept from the trace and merged back into the outputs after each call.
     """
 
     def __init__(self, body: Callable[..., Any], nodes: Sequence[Node], feed_names: set[str], donate: tuple = ()):
@@ -68,7 +69,7 @@ class Program:
             def traced(*arrays):
                 self.trace_count += 1
                 state, outputs = self.body(*arrays, static)
-                host = {n: v for n, v in outputs.items() if is_string(v)}
+                host = {n: v for n, v in outputs.items() if host_only(v)}
                 self.host_outputs[key] = host
                 return state, {n: v for n, v in outputs.items() if n not in host}
 
@@ -78,7 +79,7 @@ class Program:
     def __call__(self, *arrays: Any, feeds: dict[str, Any]) -> Any:
         """`arrays` are positional pytrees; `feeds` is a dict of arrays split here into static and traced."""
         while True:
-            static = {n: np.asarray(v) for n, v in feeds.items() if n in self.static_feeds or is_string(v)}
+            static = {n: np.asarray(v) for n, v in feeds.items() if n in self.static_feeds or host_only(v)}
             traced = {n: v for n, v in feeds.items() if n not in static}
             try:
                 with jax.enable_x64(True):
@@ -104,7 +105,3 @@ class Program:
                 return found
         # Raised inside a function body or subgraph: we cannot trace the dependency, so freeze every feed.
         return candidates
-
-
-def is_string(value: Any) -> bool:
-    return isinstance(value, np.ndarray) and value.dtype.kind in "OUS"

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from jax import lax
 
-from ..dtypes import is_float, np_dtype, onnx_type
+from ..dtypes import HOST_ONLY_DTYPES, is_float, np_dtype, onnx_type
 from .registry import op, versions
 from .values import static
 
@@ -21,7 +21,6 @@ T = onnx.TensorProto
 
 SATURATING_FLOAT8 = {T.FLOAT8E4M3FN, T.FLOAT8E4M3FNUZ, T.FLOAT8E5M2, T.FLOAT8E5M2FNUZ}
 SUB_BYTE_INTEGERS = {T.INT4, T.UINT4, T.INT2, T.UINT2}
-HOST_ONLY_DTYPES = {np.dtype(ml_dtypes.float6_e2m3fn), np.dtype(ml_dtypes.float6_e3m2fn)}
 E8M0_ROUND_MODES = ("up", "down", "nearest")
 
 
