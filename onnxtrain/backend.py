@@ -18,6 +18,8 @@ def host(value: Any) -> Any:
         return None
     if isinstance(value, list):
         return [host(v) for v in value]
+    if isinstance(value, dict):  # an ONNX map, as ONNX Runtime returns it
+        return {k: np.asarray(v).item() for k, v in value.items()}
     return np.asarray(value)
 
 

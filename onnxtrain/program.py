@@ -18,13 +18,21 @@ from .errors import StaticValueRequired
 from .model import Graph, Node
 
 
+def hashable(value: Any) -> Any:
+    """A hashable stand-in for a static feed: strings, maps (dicts) and arrays of either, or plain arrays."""
+    if isinstance(value, dict):
+        return tuple(sorted((hashable(k), hashable(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(hashable(v) for v in value)
+    if isinstance(value, (np.ndarray, np.generic)):
+        if value.dtype == object:
+            return (value.shape, tuple(hashable(v) for v in value.ravel().tolist()))
+        return (value.dtype.str, value.shape, value.tobytes())
+    return value
+
+
 def static_key(values: Mapping[str, Any]) -> tuple:
-    items = []
-    for name in sorted(values):
-        v = np.asarray(values[name])
-        payload = tuple(v.ravel().tolist()) if v.dtype == object else v.tobytes()
-        items.append((name, v.dtype.str, v.shape, payload))
-    return tuple(items)
+    return tuple((name, hashable(np.asarray(values[name]))) for name in sorted(values))
 
 
 def graph_inputs_feeding(value_name: str, nodes: Sequence[Node], inputs: set[str]) -> set[str]:
@@ -51,8 +59,12 @@ class Program:
     come from static values), so they are kept from the trace and merged back into the outputs after each call.
     """
 
-    def __init__(self, body: Callable[..., Any], nodes: Sequence[Node], feed_names: set[str], donate: tuple = ()):
+    def __init__(
+        self, body: Callable[..., Any], nodes: Sequence[Node], feed_names: set[str], donate: tuple = (),
+        matmul_precision: str = "highest",
+    ):
         self.body = body
+        self.matmul_precision = matmul_precision
         self.nodes = nodes
         self.feed_names = feed_names
         self.donate = donate
@@ -82,7 +94,7 @@ class Program:
             static = {n: np.asarray(v) for n, v in feeds.items() if n in self.static_feeds or host_only(v)}
             traced = {n: v for n, v in feeds.items() if n not in static}
             try:
-                with jax.enable_x64(True):
+                with jax.enable_x64(True), jax.default_matmul_precision(self.matmul_precision):
                     fn, key = self._compiled(static)
                     state, outputs = fn(*arrays, traced)
                 return state, {**outputs, **self.host_outputs.get(key, {})}

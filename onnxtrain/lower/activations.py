@@ -97,14 +97,22 @@ ACTIVATIONS: dict[str, Callable] = {
 }
 
 
+def softmax(x: Array, axis: int) -> Array:
+    return jax.nn.softmax(x, axis=axis)
+
+
+def log_softmax(x: Array, axis: int) -> Array:
+    return jax.nn.log_softmax(x, axis=axis)
+
+
 def hardmax(x: Array, axis: int) -> Array:
     """One at the first maximum along `axis`, zero elsewhere."""
     return jax.nn.one_hot(jnp.argmax(x, axis=axis), jnp.shape(x)[axis], dtype=jnp.result_type(x), axis=axis)
 
 
 NORMALIZERS: dict[str, Callable[[Array, int], Array]] = {
-    "Softmax": lambda x, axis: jax.nn.softmax(x, axis=axis),
-    "LogSoftmax": lambda x, axis: jax.nn.log_softmax(x, axis=axis),
+    "Softmax": softmax,
+    "LogSoftmax": log_softmax,
     "Hardmax": hardmax,
 }
 
@@ -115,6 +123,7 @@ def _along_axis(fn: Callable[[Array, int], Array]) -> Callable:
     def impl(x: Array, *, axis: int = -1) -> Array:
         return fn(x, axis)
 
+    impl.__name__ = fn.__name__
     return impl
 
 
@@ -124,10 +133,11 @@ def _over_flattened_tail(fn: Callable[[Array, int], Array]) -> Callable:
 
     def impl(x: Array, *, axis: int = 1) -> Array:
         shape = jnp.shape(x)
-        axis = axis % len(shape) if shape else 0
+        axis = axis + len(shape) if axis < 0 else axis  # as the coercion reads: axis == rank makes one column
         rows, columns = math.prod(shape[:axis]), math.prod(shape[axis:])
         return jnp.reshape(fn(jnp.reshape(x, (rows, columns)), 1), shape)
 
+    impl.__name__ = f"{fn.__name__}_2d"
     return impl
 
 

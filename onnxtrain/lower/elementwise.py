@@ -1,6 +1,6 @@
 """Elementwise math: tables of unary, binary and variadic ops, plus the ops that need more than one jnp call.
 
-Every op is registered for its whole schema history. Versions before 7 differ only in legacy attributes:
+Every op is registered for its whole schema history. Versions before 7 mostly differ only in legacy attributes:
 `consumed_inputs` (an in-place hint, meaningless here) and the binary ops' `broadcast`/`axis`, where the
 second operand lines up with the first starting at `axis` instead of at the trailing dimension.
 """
@@ -20,13 +20,15 @@ from .registry import op, versions
 Array = Any  # a jax array or a NumPy array (static value)
 
 
-def register(name: str, fn: Callable, *, since: int = 1, until: int | None = None) -> None:
-    """Register `fn` for every since_version of `name` in [since, until]; versions whose schema still has
-    `consumed_inputs` get an adapter that drops it, so `fn` only ever sees the attributes of today's schema."""
+def register(name: str, fn: Callable, *, since: int = 1, until: int | None = None, binary: bool = False) -> None:
+    """Register `fn` for every since_version of `name` in [since, until]. Versions whose schema still has
+    legacy attributes get adapters, so `fn` only ever sees the attributes of today's schema: `consumed_inputs`
+    is dropped, and for a `binary` elementwise op, `broadcast`/`axis` reshape B before the call."""
     for version in versions(name, since=since, until=until):
-        impl = fn
-        if "consumed_inputs" in onnx.defs.get_schema(name, version).attributes:
-            impl = _dropping_consumed_inputs(fn)
+        attributes = onnx.defs.get_schema(name, version).attributes
+        impl = _with_legacy_broadcast(fn) if binary and "broadcast" in attributes else fn
+        if "consumed_inputs" in attributes:
+            impl = _dropping_consumed_inputs(impl)
         op(name, version)(impl)
 
 
@@ -53,15 +55,6 @@ def _with_legacy_broadcast(fn: Callable) -> Callable:
 
     impl.__name__ = fn.__name__
     return impl
-
-
-def register_binary(name: str, fn: Callable, *, since: int = 1) -> None:
-    for version in versions(name, since=since):
-        attributes = onnx.defs.get_schema(name, version).attributes
-        impl = _with_legacy_broadcast(fn) if "broadcast" in attributes else fn
-        if "consumed_inputs" in attributes:
-            impl = _dropping_consumed_inputs(impl)
-        op(name, version)(impl)
 
 
 def _same_dtype(fn: Callable) -> Callable:
@@ -223,13 +216,13 @@ VARIADIC: dict[str, Callable] = {
 for _name, _fn in UNARY.items():
     register(_name, _same_dtype(_fn))
 for _name, _fn in BINARY.items():
-    register_binary(_name, _fn)
+    register(_name, _fn, binary=True)
 for _name, (_device, _host) in COMPARISONS.items():
-    register_binary(_name, _comparison(_device, _host))
+    register(_name, _comparison(_device, _host), binary=True)
 for _name, _fn in VARIADIC.items():
     register(_name, _fn)
-register_binary("Div", div)
-register_binary("Pow", pow_)
+register("Div", div, binary=True)
+register("Pow", pow_, binary=True)
 register("Mod", mod)
 register("BitShift", bit_shift)
 register("IsInf", is_inf)

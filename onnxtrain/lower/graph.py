@@ -178,8 +178,12 @@ def call_function(node: "Node", args: list[Value], runtime: Runtime) -> list[Val
     """Run a node by expanding a function body: a model-local FunctionProto or the op schema's own."""
     from ..model import Resolver, build_node, raise_if_missing
 
-    function = node.function or schema_function(node, args)
-    caller_attributes = {a.name: a for a in function.attribute_proto}
+    if node.function is not None:
+        function = node.function
+        caller_attributes = {a.name: a for a in function.attribute_proto}
+    else:
+        caller_attributes = schema_default_attributes(node)
+        function = schema_function(node, args, caller_attributes)
     caller_attributes.update({a.name: a for a in node.raw_attributes})
     resolver = Resolver({}, runtime.functions).with_opsets(function.opset_import)
     body = [build_node(n, resolver, caller_attributes) for n in function.node]
@@ -192,7 +196,18 @@ def call_function(node: "Node", args: list[Value], runtime: Runtime) -> list[Val
     return [lookup(scope, name, f"output of function {function.name!r}") for name in function.output]
 
 
-def schema_function(node: "Node", args: list[Value]) -> onnx.FunctionProto:
+def schema_default_attributes(node: "Node") -> dict[str, onnx.AttributeProto]:
+    schema = schema_for(node.domain, node.op_type, node.opset)
+    return {
+        name: spec.default_value
+        for name, spec in schema.attributes.items()
+        if spec.default_value.type != onnx.AttributeProto.UNDEFINED
+    }
+
+
+def schema_function(
+    node: "Node", args: list[Value], defaults: dict[str, onnx.AttributeProto]
+) -> onnx.FunctionProto:
     schema = schema_for(node.domain, node.op_type, node.opset)
     proto = onnx.FunctionProto()
     plain = [v for v in schema.function_opset_versions if v <= node.opset]
@@ -206,9 +221,7 @@ def schema_function(node: "Node", args: list[Value]) -> onnx.FunctionProto:
     node_proto = onnx.helper.make_node(node.op_type, node.inputs, node.outputs, name=node.name, domain=node.domain)
     node_proto.attribute.extend(node.raw_attributes)
     present = {a.name for a in node.raw_attributes}
-    for name, spec in schema.attributes.items():
-        if name not in present and spec.default_value.type != onnx.AttributeProto.UNDEFINED:
-            node_proto.attribute.append(spec.default_value)
+    node_proto.attribute.extend(a for name, a in defaults.items() if name not in present)
     types = [type_proto_of(v).SerializeToString() for v in args]
     version = max(contextual) if contextual else schema.since_version
     proto.ParseFromString(

@@ -7,9 +7,12 @@ like the convolutions, so the transposes between a convolution and a pool cancel
 
 from __future__ import annotations
 
+import itertools
 import math
+from functools import partial
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -36,18 +39,23 @@ def lowest(dtype) -> np.generic:
 
 def reduce_windows(x, window: Window, kind: str):
     """Max or sum of every window of x (N, C, *spatial); padding contributes the reduction's identity."""
-    reduce_tile, monoid, identity = {
-        "max": (jnp.max, lax.max, lowest(x.dtype)),
-        "sum": (jnp.sum, lax.add, np.array(0, x.dtype)),
-    }[kind]
     rank = x.ndim - 2
     if window.is_tiling:
-        x = x[(slice(None), slice(None), *[slice(0, o * k) for o, k in zip(window.out, window.kernel)])]
+        x = to_channels_last(x)
+        x = x[(slice(None), *[slice(0, o * k) for o, k in zip(window.out, window.kernel)])]
         tiles = [d for o, k in zip(window.out, window.kernel) for d in (o, k)]
-        x = jnp.reshape(x, (*x.shape[:2], *tiles))
-        return reduce_tile(x, axis=tuple(range(3, 3 + 2 * rank, 2)))
-    y = lax.reduce_window(
-        to_channels_last(x),
+        x = jnp.reshape(x, (x.shape[0], *tiles, x.shape[-1]))
+        reduce_tile = jnp.max if kind == "max" else jnp.sum
+        return to_channels_first(reduce_tile(x, axis=tuple(range(2, 2 + 2 * rank, 2))))
+    if kind == "max":
+        return to_channels_first(sliding_max(to_channels_last(x), window))
+    return to_channels_first(window_reduce(to_channels_last(x), window, np.array(0, x.dtype), lax.add))
+
+
+def window_reduce(x, window: Window, identity, monoid):
+    """reduce_window over the spatial axes of channels-last x."""
+    return lax.reduce_window(
+        x,
         identity,
         monoid,
         (1, *window.kernel, 1),
@@ -55,7 +63,44 @@ def reduce_windows(x, window: Window, kind: str):
         ((0, 0), *window.exact_pads, (0, 0)),
         window_dilation=(1, *window.dilations, 1),
     )
-    return to_channels_first(y)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def sliding_max(x, window: Window):
+    """Overlapping max pooling of channels-last x. Its gradient goes to each window's first maximum, as XLA's
+    select-and-scatter would, but as one strided slice and pad per window offset: several times faster on CPU."""
+    return window_reduce(x, window, lowest(x.dtype), lax.max)
+
+
+def _sliding_max_forward(x, window: Window):
+    y = sliding_max(x, window)
+    return y, (x, y)
+
+
+def _sliding_max_backward(window: Window, residuals, grad):
+    x, y = residuals
+    padding = [(0, 0, 0), *[(b, e, 0) for b, e in window.exact_pads], (0, 0, 0)]
+    padded = lax.pad(x, lowest(x.dtype), padding)
+    zero = np.zeros((), grad.dtype)
+    total = jnp.zeros(padded.shape, grad.dtype)
+    claimed = jnp.zeros(y.shape, bool)  # windows whose maximum already received the gradient
+    for offset in itertools.product(*[range(k) for k in window.kernel]):
+        start = [0, *[j * d for j, d in zip(offset, window.dilations)], 0]
+        limit = [size for size in padded.shape]
+        for a, (o, s) in enumerate(zip(window.out, window.strides), start=1):
+            limit[a] = start[a] + (o - 1) * s + 1
+        candidate = lax.slice(padded, start, limit, (1, *window.strides, 1))
+        hit = (candidate == y) & ~claimed
+        claimed = claimed | hit
+        spread = [(0, 0, 0)] + [
+            (start[a], padded.shape[a] - limit[a], window.strides[a - 1] - 1) for a in range(1, x.ndim - 1)
+        ] + [(0, 0, 0)]
+        total = total + lax.pad(jnp.where(hit, grad, zero), zero, spread)
+    unpad = [(-low, -high, 0) for low, high, _ in padding]
+    return (lax.pad(total, zero, unpad),)
+
+
+sliding_max.defvjp(_sliding_max_forward, _sliding_max_backward)
 
 
 def window_counts(window: Window, include_pad: bool) -> np.ndarray:
@@ -177,26 +222,27 @@ def global_lp_pool(X, *, p=2):
 
 @op("MaxUnpool", *versions("MaxUnpool"))
 def max_unpool(X, I, output_shape=None, *, kernel_shape, pads=None, strides=None):
-    """Scatter X to the flat positions I of the shape MaxPool's input would have (pads and strides give it);
-    `output_shape` then pads that with zeros at the end of each axis (ONNX's conformance data is laid out so)."""
+    """Scatter X to the flat positions I (MaxPool's Indices) of a zero tensor shaped like MaxPool's input:
+    `output_shape` when given (as onnxruntime and PyTorch), else inferred from kernel_shape, strides and pads.
+
+    ONNX's test_maxunpool_export_with_output_shape expects I to index the inferred shape instead, which breaks
+    the inverse of a MaxPool whose input size the inferred one misses (onnx/onnx#2398)."""
     rank = X.ndim - 2
     if len(kernel_shape) != rank:
         raise ValueError(f"kernel_shape {list(kernel_shape)} must have one entry per spatial axis of X {X.shape}")
-    strides = spatial_param(strides, rank, 1, "strides")
-    padding = explicit_pads(pads, rank)
-    inferred = [
-        (size - 1) * s - (begin + end) + k
-        for size, s, (begin, end), k in zip(X.shape[2:], strides, padding, kernel_shape)
-    ]
-    shape = (*X.shape[:2], *inferred)
+    if output_shape is not None:
+        shape = tuple(static_ints(output_shape, "output_shape"))
+        if len(shape) != X.ndim:
+            raise ValueError(f"output_shape {list(shape)} must have rank {X.ndim}")
+    else:
+        strides = spatial_param(strides, rank, 1, "strides")
+        padding = explicit_pads(pads, rank)
+        shape = (*X.shape[:2], *[
+            (size - 1) * s - (begin + end) + k
+            for size, s, (begin, end), k in zip(X.shape[2:], strides, padding, kernel_shape)
+        ])
     flat = jnp.zeros((math.prod(shape),), X.dtype).at[jnp.reshape(I, (-1,))].set(jnp.reshape(X, (-1,)), mode="drop")
-    y = jnp.reshape(flat, shape)
-    if output_shape is None:
-        return y
-    target = static_ints(output_shape, "output_shape")
-    if len(target) != X.ndim:
-        raise ValueError(f"output_shape {target} must have rank {X.ndim}")
-    return lax.pad(y, np.zeros((), X.dtype), [(0, t - s, 0) for t, s in zip(target, shape)])
+    return jnp.reshape(flat, shape)
 
 
 def round_half_away(v):
@@ -204,11 +250,11 @@ def round_half_away(v):
 
 
 def roi_bins(start, length, bins: int, limit: int):
-    """Integer [start, end) of each of `bins` bins splitting `length` pixels from `start`, clipped to the image."""
-    size = length.astype(jnp.float32) / bins
-    edges = jnp.arange(bins, dtype=jnp.float32)
-    low = jnp.clip(jnp.floor(edges * size).astype(jnp.int32) + start, 0, limit)
-    high = jnp.clip(jnp.ceil((edges + 1) * size).astype(jnp.int32) + start, 0, limit)
+    """[start, end) of each of `bins` bins splitting `length` pixels from `start`, clipped to the image. Integer
+    arithmetic: floor(i * length / bins) and ceil((i + 1) * length / bins) exactly, where float rounding wobbles."""
+    i = jnp.arange(bins, dtype=jnp.int32)
+    low = jnp.clip(i * length // bins + start, 0, limit)
+    high = jnp.clip(-(-(i + 1) * length // bins) + start, 0, limit)
     return low, high
 
 

@@ -112,6 +112,7 @@ def _with_axes_attribute(reduction: Reduction) -> Callable:
     def impl(data: Array, *, axes: list[int] | None = None, keepdims: int = 1) -> Array:
         return reduce(reduction, data, axes or None, keepdims)  # an empty list is the default: every axis
 
+    impl.__name__ = reduction.__name__.lstrip("_")
     return impl
 
 
@@ -122,6 +123,7 @@ def _with_axes_input(reduction: Reduction) -> Callable:
             return reduce(reduction, data, None, keepdims)
         return reduce(reduction, data, listed, keepdims)
 
+    impl.__name__ = reduction.__name__.lstrip("_")
     return impl
 
 

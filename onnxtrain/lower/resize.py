@@ -14,7 +14,7 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from .conv import gather_taps
+from .conv import gather_taps, to_channels_first, to_channels_last
 from .registry import op, versions
 from .values import static, static_ints
 
@@ -224,15 +224,22 @@ def resize_core(
         if len(box) != 2 * len(axes):
             raise ValueError(f"roi has {len(box)} entries, expected {2 * len(axes)}")
         rois = list(zip(box[: len(axes)], box[len(axes):]))
-    y = X.astype(compute_dtype(X.dtype, mode))
-    for axis, n, out, scale, box in zip(axes, in_sizes, out_sizes, factors, rois):
-        if out == n and scale == 1 and coordinate_transformation_mode != "tf_crop_and_resize":
-            continue
-        plan = axis_plan(
+    plans = {
+        axis: axis_plan(
             n, out, scale, box, mode=mode, coordinate_mode=coordinate_transformation_mode, nearest_mode=nearest_mode,
             cubic_coeff_a=cubic_coeff_a, antialias=bool(antialias), exclude_outside=bool(exclude_outside),
         )
-        y = apply_plan(y, axis, plan, extrapolation_value)
+        for axis, n, out, scale, box in zip(axes, in_sizes, out_sizes, factors, rois)
+        if out != n or scale != 1 or coordinate_transformation_mode == "tf_crop_and_resize"
+    }
+    y = X.astype(compute_dtype(X.dtype, mode))
+    spatial_only = rank >= 3 and all(axis >= 2 for axis in plans)
+    if spatial_only:  # an image's spatial axes: resample channels-last, like the convolutions around it
+        y = to_channels_last(y)
+    for axis, plan in plans.items():
+        y = apply_plan(y, axis - 1 if spatial_only else axis, plan, extrapolation_value)
+    if spatial_only:
+        y = to_channels_first(y)
     return saturate(y, X.dtype)
 
 
@@ -393,8 +400,10 @@ def affine_grid(theta, size, *, align_corners=0):
     axes = [normalized_positions(s, bool(align_corners)) for s in spatial]
     mesh = np.meshgrid(*axes, indexing="ij")
     # homogeneous coordinates (x, y[, z], 1): x walks the innermost axis
-    base = np.stack([*reversed(mesh), np.ones(spatial)], axis=-1)
-    return jnp.einsum("...k,njk->n...j", jnp.asarray(base, theta.dtype), theta)
+    base = np.stack([*reversed(mesh), np.ones(spatial)], axis=-1).astype(theta.dtype)
+    # rank + 1 multiply-adds rather than a matmul: GPUs would round a float32 matmul to TF32
+    theta = jnp.reshape(theta, (theta.shape[0], *[1] * rank, rank, rank + 1))
+    return sum(base[..., None, k] * theta[..., k] for k in range(rank + 1))
 
 
 def roi_axis_samples(start, extent, bins: int, grid, grid_max: int, size: int):
@@ -428,19 +437,20 @@ def roi_align_core(
     height, width = X.shape[2:]
     dtype = X.dtype
     offset = 0.5 if half_pixel else 0.0
-    if sampling_ratio > 0:
-        boxes = jnp.asarray(rois).astype(dtype) * jnp.asarray(spatial_scale, dtype) - jnp.asarray(offset, dtype)
-    else:  # the number of samples per bin follows each roi's size: the rois must be known at compile time
-        boxes = static(rois, "rois").astype(np.dtype(dtype)) * np.dtype(dtype).type(spatial_scale) - offset
+    # with sampling_ratio 0 the number of samples per bin follows each roi's size: the rois must be static, and
+    # the geometry is computed in NumPy (jnp would stage it into the trace)
+    xp = jnp if sampling_ratio > 0 else np
+    rois = rois if sampling_ratio > 0 else static(rois, "rois")
+    boxes = xp.asarray(rois).astype(dtype) * xp.asarray(spatial_scale, dtype) - xp.asarray(offset, dtype)
     extent_w, extent_h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
     if not half_pixel:  # malformed rois are forced to 1x1
-        extent_w, extent_h = jnp.maximum(extent_w, 1.0), jnp.maximum(extent_h, 1.0)
+        extent_w, extent_h = xp.maximum(extent_w, 1.0), xp.maximum(extent_h, 1.0)
     if sampling_ratio > 0:
         grid_h = grid_w = jnp.full((rois.shape[0],), sampling_ratio, jnp.int32)
         max_h = max_w = sampling_ratio
     else:
-        grid_h = np.ceil(np.asarray(extent_h) / output_height).astype(np.int32)
-        grid_w = np.ceil(np.asarray(extent_w) / output_width).astype(np.int32)
+        grid_h = np.ceil(extent_h / output_height).astype(np.int32)
+        grid_w = np.ceil(extent_w / output_width).astype(np.int32)
         max_h, max_w = max(int(grid_h.max(initial=0)), 1), max(int(grid_w.max(initial=0)), 1)
     taps_y, inside_y, used_y = roi_axis_samples(boxes[:, 1], extent_h, output_height, grid_h, max_h, height)
     taps_x, inside_x, used_x = roi_axis_samples(boxes[:, 0], extent_w, output_width, grid_w, max_w, width)

@@ -28,7 +28,9 @@ def lowering(op_type: str):
     return lookup("", op_type, schema.since_version).fn
 
 
-def assert_gradient_matches_reference(op_type: str, inputs: dict[str, np.ndarray], wrt: str, **attrs) -> None:
+def assert_gradient_matches_reference(
+    op_type: str, inputs: dict[str, np.ndarray], wrt: str, *, eps: float = 1e-6, rtol: float = 1e-6, **attrs
+) -> None:
     """jax.grad of our lowering (float64, jitted) against central differences of onnx's reference, along a few
     random directions of input `wrt`."""
     reference = ReferenceEvaluator(node_model(op_type, inputs, **attrs))
@@ -46,12 +48,11 @@ def assert_gradient_matches_reference(op_type: str, inputs: dict[str, np.ndarray
     with jax.enable_x64(True):
         grad = np.asarray(jax.jit(jax.grad(loss))(jnp.asarray(inputs[wrt])))
     assert grad.dtype == np.float64
-    eps = 1e-6
     for _ in range(3):
         direction = RNG.standard_normal(inputs[wrt].shape)
         x = inputs[wrt]
         numeric = (reference_loss(x + eps * direction) - reference_loss(x - eps * direction)) / (2 * eps)
-        np.testing.assert_allclose((grad * direction).sum(), numeric, rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose((grad * direction).sum(), numeric, rtol=rtol, atol=1e-8)
 
 
 @pytest.mark.parametrize(

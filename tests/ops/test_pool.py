@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
+import jax
 import numpy as np
 import onnx
 import pytest
@@ -11,7 +13,7 @@ import pytest
 import onnxtrain
 from nodes import assert_matches_reference, node_model, run_both
 from onnxtrain.errors import NodeError
-from test_conv import assert_gradient_matches_reference
+from test_conv import assert_gradient_matches_reference, lowering
 
 RNG = np.random.default_rng(1)
 
@@ -44,9 +46,20 @@ def shape_for(attrs: dict) -> tuple[int, ...]:
     return {1: (2, 3, 9), 2: (2, 3, 7, 9), 3: (1, 2, 5, 6, 5)}[len(attrs["kernel_shape"])]
 
 
-@pytest.mark.parametrize("attrs", POOL_GEOMETRIES)
+@pytest.mark.parametrize("attrs", [a for a in POOL_GEOMETRIES if a.get("auto_pad") != "SAME_LOWER"])
 def test_max_pool(attrs):
     assert_matches_reference("MaxPool", {"X": rand(*shape_for(attrs))}, **attrs)
+
+
+def test_max_pool_same_lower_is_ceil_sized():
+    """onnx's reference floors SAME_LOWER's output size when strided; the spec says ceil(input / stride), with
+    the odd pad at the beginning: here pads [1, 1, 0, 1]."""
+    x = rand(2, 3, 7, 9)
+    attrs = dict(kernel_shape=[2, 3], strides=[3, 2])
+    (y,) = run(node_model("MaxPool", {"X": x}, auto_pad="SAME_LOWER", **attrs), {"X": x})
+    (expected,) = run_both(node_model("MaxPool", {"X": x}, pads=[1, 1, 0, 1], **attrs), {"X": x})[1]
+    assert y.shape == (2, 3, 3, 5)
+    np.testing.assert_array_equal(y, expected)
 
 
 @pytest.mark.parametrize("attrs", POOL_GEOMETRIES)
@@ -97,7 +110,7 @@ def test_max_pool_indices(storage_order, attrs):
     assert ours[1].dtype == np.int64
 
 
-@pytest.mark.parametrize("attrs", [dict(kernel_shape=[3], strides=[2]), dict(kernel_shape=[2, 2, 2], pads=[1] * 6)])
+@pytest.mark.parametrize("attrs", [dict(kernel_shape=[3], strides=[2]), dict(kernel_shape=[2, 2, 2], strides=[1, 2, 1])])
 def test_max_pool_indices_1d_3d(attrs):
     assert_matches_reference("MaxPool", {"X": rand(*shape_for(attrs))}, n_outputs=2, **attrs)
 
@@ -124,9 +137,9 @@ def test_average_pool_float16_accumulates_wide():
 
 @pytest.mark.parametrize("opset", [1, 7, 10, 11, 19])
 def test_average_pool_old_opsets(opset):
-    attrs = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
-    if opset >= 7:
-        attrs["count_include_pad"] = 1
+    attrs = dict(kernel_shape=[3, 3], strides=[2, 2])
+    if opset >= 7:  # opset 1 has no count_include_pad (onnx's reference then counts pads in, onnxruntime not)
+        attrs.update(count_include_pad=1, pads=[1, 1, 1, 1])
     assert_matches_reference("AveragePool", {"X": rand(1, 2, 7, 7)}, opset=opset, rtol=1e-5, atol=1e-6, **attrs)
 
 
@@ -136,11 +149,12 @@ def test_max_pool_old_opsets(opset):
     assert_matches_reference("MaxPool", {"X": rand(1, 2, 7, 7)}, opset=opset, **attrs)
 
 
-@pytest.mark.parametrize("op_type", ["GlobalAveragePool", "GlobalMaxPool"])
+@pytest.mark.parametrize("op_type, reduce", [("GlobalAveragePool", np.mean), ("GlobalMaxPool", np.max)])
 @pytest.mark.parametrize("shape", [(2, 3, 5), (2, 3, 4, 5), (1, 2, 3, 4, 2)])
-def test_global_pools(op_type, shape):
-    (y,) = assert_matches_reference(op_type, {"X": rand(*shape, dtype=np.float64)}, rtol=1e-12)
-    assert y.shape == shape[:2] + (1,) * (len(shape) - 2)
+def test_global_pools(op_type, reduce, shape):
+    x = rand(*shape, dtype=np.float64)
+    (y,) = run(node_model(op_type, {"X": x}), {"X": x})
+    np.testing.assert_allclose(y, reduce(x, axis=tuple(range(2, len(shape))), keepdims=True), rtol=1e-12)
 
 
 @pytest.mark.parametrize("opset, p", [(1, 3.0), (2, 3), (22, 1)])
@@ -150,21 +164,25 @@ def test_global_lp_pool(opset, p):
     np.testing.assert_allclose(y, (np.abs(x) ** p).sum(axis=(2, 3), keepdims=True) ** (1 / p), rtol=1e-12)
 
 
-@pytest.mark.parametrize("attrs", [dict(kernel_shape=[2, 2], strides=[2, 2]), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])])
+@pytest.mark.parametrize(
+    "attrs", [dict(kernel_shape=[2, 2], strides=[2, 2]), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])]
+)
 def test_max_unpool_inverts_max_pool(attrs):
-    x = rand(2, 3, 6, 6)
+    """Pooling 7 x 7 loses its size: output_shape restores it, and I indexes it."""
+    x = rand(2, 3, 7, 7)
     y, indices = run(node_model("MaxPool", {"X": x}, n_outputs=2, **attrs), {"X": x})
-    inputs = {"X": y, "I": indices}
-    (unpooled,) = assert_matches_reference("MaxUnpool", inputs, **attrs)
-    assert unpooled.shape == x.shape
-    kept = unpooled != 0
-    np.testing.assert_array_equal(unpooled[kept], x[kept])
+    inputs = {"X": y, "I": indices, "output_shape": np.array(x.shape, np.int64)}
+    (unpooled,) = run(node_model("MaxUnpool", inputs, **attrs), inputs)
+    expected = np.zeros(x.size, x.dtype)
+    expected[indices.reshape(-1)] = x.reshape(-1)[indices.reshape(-1)]
+    np.testing.assert_array_equal(unpooled, expected.reshape(x.shape))
 
 
-def test_max_unpool_output_shape():
-    inputs = {"X": rand(1, 1, 2, 2), "I": np.array([[[[5, 7], [13, 15]]]], np.int64),
-              "output_shape": np.array([1, 1, 5, 5], np.int64)}
-    assert_matches_reference("MaxUnpool", inputs, kernel_shape=[2, 2], strides=[2, 2])
+def test_max_unpool_inferred_shape():
+    x = rand(2, 3, 6, 6)
+    attrs = dict(kernel_shape=[2, 2], strides=[2, 2])
+    y, indices = run(node_model("MaxPool", {"X": x}, n_outputs=2, **attrs), {"X": x})
+    assert_matches_reference("MaxUnpool", {"X": y, "I": indices}, **attrs)
 
 
 def max_roi_pool_numpy(x, rois, pooled, scale):
@@ -173,14 +191,13 @@ def max_roi_pool_numpy(x, rois, pooled, scale):
     height, width = x.shape[2:]
     for r, (b, *corners) in enumerate(rois):
         x1, y1, x2, y2 = (int(math.floor(v * scale + 0.5)) for v in corners)  # corners here are >= 0
-        bin_h = max(y2 - y1 + 1, 1) / pooled[0]
-        bin_w = max(x2 - x1 + 1, 1) / pooled[1]
+        roi_h, roi_w = max(y2 - y1 + 1, 1), max(x2 - x1 + 1, 1)
         for i in range(pooled[0]):
-            h0 = min(max(int(math.floor(i * bin_h)) + y1, 0), height)
-            h1 = min(max(int(math.ceil((i + 1) * bin_h)) + y1, 0), height)
+            h0 = min(max(math.floor(Fraction(i * roi_h, pooled[0])) + y1, 0), height)
+            h1 = min(max(math.ceil(Fraction((i + 1) * roi_h, pooled[0])) + y1, 0), height)
             for j in range(pooled[1]):
-                w0 = min(max(int(math.floor(j * bin_w)) + x1, 0), width)
-                w1 = min(max(int(math.ceil((j + 1) * bin_w)) + x1, 0), width)
+                w0 = min(max(math.floor(Fraction(j * roi_w, pooled[1])) + x1, 0), width)
+                w1 = min(max(math.ceil(Fraction((j + 1) * roi_w, pooled[1])) + x1, 0), width)
                 if h1 > h0 and w1 > w0:
                     out[r, :, i, j] = x[int(b), :, h0:h1, w0:w1].max(axis=(1, 2))
     return out
@@ -199,12 +216,25 @@ def test_max_roi_pool():
     [
         ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
         ("MaxPool", dict(kernel_shape=[2, 2], strides=[2, 2])),
+        ("MaxPool", dict(kernel_shape=[2, 3], strides=[2, 1], dilations=[2, 1], pads=[1, 0, 1, 1], ceil_mode=1)),
         ("AveragePool", dict(kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1], ceil_mode=1)),
         ("AveragePool", dict(kernel_shape=[2, 2], strides=[2, 2], count_include_pad=1)),
     ],
 )
 def test_pool_gradient(op_type, attrs):
     assert_gradient_matches_reference(op_type, {"X": rand(2, 2, 6, 7, dtype=np.float64)}, "X", **attrs)
+
+
+def test_max_pool_gradient_goes_to_the_first_of_ties():
+    """Overlapping windows over a constant input: each window's gradient lands on its first element."""
+    x = np.ones((1, 1, 5, 5))
+    with jax.enable_x64(True):
+        grad = jax.grad(lambda v: lowering("MaxPool")(v, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]).sum())(x)
+    expected = np.zeros((5, 5))
+    for top in (-1, 1, 3):
+        for left in (-1, 1, 3):
+            expected[max(top, 0), max(left, 0)] += 1
+    np.testing.assert_array_equal(np.asarray(grad)[0, 0], expected)
 
 
 def test_pool_errors_name_the_problem():

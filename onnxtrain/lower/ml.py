@@ -1,0 +1,661 @@
+"""The ai.onnx.ml domain: preprocessing, encoders, maps, linear models and SVMs (tree ensembles: ml_trees.py).
+
+Model parameters are attributes, hence static NumPy; the data they apply to may be traced and is handled with
+jax.numpy. Strings exist only on the host: an op whose input or output is a string tensor computes in NumPy,
+and one that turns traced numbers into strings (a classifier with string labels, an int -> string LabelEncoder)
+reads its input with `static()`, so the engine compiles that input in as a constant.
+
+Maps are Python dicts and seq(map) values are Python lists of dicts. A map fed from outside may also arrive as
+a 0-d NumPy object array holding the dict (how feeds are converted). ZipMap's values are float32 scalars, or
+tracers when its input is traced: a list of dicts is a pytree, so it can leave a jitted function as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..errors import StaticValueRequired
+from .registry import ML_DOMAIN, op, versions
+from .values import Value, is_static, static
+
+POST_TRANSFORMS = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")  # TreeEnsemble's codes index this
+
+
+def ml_op(name: str, since: int = 1, until: int | None = None) -> Callable[[Callable], Callable]:
+    """Register a lowering of ai.onnx.ml::`name` for every since_version of its schema in [since, until]."""
+    return op(name, *versions(name, since=since, until=until, domain=ML_DOMAIN), domain=ML_DOMAIN)
+
+
+def _is_text(x: Value) -> bool:
+    return isinstance(x, np.ndarray) and x.dtype.kind in "OUS"
+
+
+def _as_float(x: Value) -> Value:
+    """Scores are computed in float32 (as ONNX Runtime does) unless the input is float64."""
+    x = x if isinstance(x, np.ndarray) else jnp.asarray(x)
+    return x.astype(np.float64 if x.dtype == np.float64 else np.float32)
+
+
+def _rows(x: Value) -> Value:
+    """A [F] input is one sample: [1, F]."""
+    return x.reshape(1, -1) if x.ndim == 1 else x
+
+
+def _matmul(x: Value, weights: np.ndarray) -> Value:
+    # Full precision: accelerators otherwise round float32 matmuls, which flips close classifier decisions.
+    return jnp.matmul(x, jnp.asarray(weights, x.dtype), precision=lax.Precision.HIGHEST)
+
+
+def _floats(values: Sequence[float] | None, dtype: Any, default: Sequence[float] = ()) -> np.ndarray:
+    return np.asarray(default if values is None or len(values) == 0 else values, dtype=dtype)
+
+
+# ---- post transforms and class labels (shared with ml_trees) -------------------------------------------------
+
+
+def transform_scores(scores: Value, name: str) -> Value:
+    """The score transform of the ml classifiers and regressors, along the last axis."""
+    if name == "NONE":
+        return scores
+    if name == "LOGISTIC":
+        return jax.nn.sigmoid(scores)
+    if name == "SOFTMAX":
+        return jax.nn.softmax(scores, axis=-1)
+    if name == "SOFTMAX_ZERO":
+        return _softmax_zero(scores)
+    if name == "PROBIT":
+        return _probit(scores)
+    raise ValueError(f"unknown post_transform {name!r}; expected one of {list(POST_TRANSFORMS)}")
+
+
+def _softmax_zero(scores: Value) -> Value:
+    """Softmax in which a zero score keeps (almost) no mass; a row with no mass at all becomes 0.5s."""
+    top = jnp.max(scores, axis=-1, keepdims=True)
+    mass = jnp.where(jnp.abs(scores) > 1e-7, jnp.exp(scores - top), scores * jnp.exp(-top))
+    total = jnp.sum(mass, axis=-1, keepdims=True)
+    return jnp.where(total == 0, jnp.asarray(0.5, scores.dtype), mass / jnp.where(total == 0, 1, total))
+
+
+def _probit(p: Value) -> Value:
+    """sqrt(2) erfinv(2p - 1) with Winitzki's closed-form erfinv (a = 0.147): ONNX Runtime and ONNX's reference
+    evaluator both use this approximation, and an exact erfinv would differ from them by up to ~1e-3."""
+    x = 2 * p - 1
+    one_minus_square = (1 - x) * (1 + x)  # negative (so NaN below) outside the domain, p in [0, 1]
+    log = jnp.log(jnp.where(one_minus_square == 0, 1, one_minus_square))
+    a = 0.147
+    v = 2 / (math.pi * a) + 0.5 * log
+    # This cancels badly near p = 0.5; both implementations compute it in float32, in this order.
+    root = jnp.sqrt(-v + jnp.sqrt(v * v - (1 / a) * log))  # 0 at p = 0 or 1, as theirs gives there
+    return (1.41421356 * jnp.where(x < 0, -root, root)).astype(p.dtype)
+
+
+def class_labels(ints: Sequence[int] | None, strings: Sequence[str] | None) -> np.ndarray:
+    """The classlabels_* attribute that is set: int64 or object (string) NumPy array; empty when neither is."""
+    if strings:
+        return np.asarray(strings, dtype=object)
+    return np.asarray(ints or [], dtype=np.int64)
+
+
+def classifier_input(x: Value, labels: np.ndarray) -> Value:
+    """String labels can only be produced on the host, so they need the features' values at trace time."""
+    return static(x, "X") if labels.dtype == object else x
+
+
+def pick(labels: np.ndarray, index: Value) -> Value:
+    """labels[index]: a gather on the device for int64 labels, a host lookup for strings."""
+    if labels.dtype == object:
+        return labels[np.asarray(index)]
+    return jnp.asarray(labels)[index]
+
+
+# ---- elementwise preprocessing -------------------------------------------------------------------------------
+
+
+@ml_op("Binarizer")
+def binarizer(X: Value, *, threshold: float = 0.0) -> Value:
+    return jnp.where(X > threshold, 1, 0).astype(X.dtype)
+
+
+@ml_op("Scaler")
+def scaler(X: Value, *, offset: list[float] | None = None, scale: list[float] | None = None) -> Value:
+    x = _as_float(X)
+    shifted = x - _floats(offset, x.dtype, [0.0])  # one value per feature (last axis), or one for all
+    return (shifted * _floats(scale, x.dtype, [1.0])).astype(np.float32)
+
+
+@ml_op("Normalizer")
+def normalizer(X: Value, *, norm: str = "MAX") -> Value:
+    """Each row (last axis) divided by its max, L1 or L2 norm; a row whose divisor is zero is left as it is.
+    MAX divides by max(X) as the spec (and ONNX Runtime) say, not by max(|X|) as ONNX's reference does."""
+    x = _as_float(X)
+    divisors = {
+        "MAX": lambda: jnp.max(x, axis=-1, keepdims=True),
+        "L1": lambda: jnp.sum(jnp.abs(x), axis=-1, keepdims=True),
+        "L2": lambda: jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True)),
+    }
+    if norm not in divisors:
+        raise ValueError(f"unknown norm {norm!r}; expected one of {list(divisors)}")
+    divisor = divisors[norm]()
+    return (x / jnp.where(divisor == 0, 1, divisor)).astype(np.float32)
+
+
+@ml_op("Imputer")
+def imputer(
+    X: Value,
+    *,
+    imputed_value_floats: list[float] | None = None,
+    imputed_value_int64s: list[int] | None = None,
+    replaced_value_float: float = 0.0,
+    replaced_value_int64: int = 0,
+) -> Value:
+    if imputed_value_floats:
+        fill, replaced = np.asarray(imputed_value_floats), replaced_value_float
+    elif imputed_value_int64s:
+        fill, replaced = np.asarray(imputed_value_int64s), replaced_value_int64
+    else:
+        raise ValueError("one of imputed_value_floats and imputed_value_int64s must be set")
+    if fill.size not in (1, np.shape(X)[-1]):
+        raise ValueError(f"{fill.size} imputed values for {np.shape(X)[-1]} features; expected 1 or one each")
+    hit = jnp.isnan(X) if isinstance(replaced, float) and math.isnan(replaced) else X == replaced
+    return jnp.where(hit, fill.astype(X.dtype), X)
+
+
+# ---- feature selection and assembly --------------------------------------------------------------------------
+
+
+@ml_op("ArrayFeatureExtractor")
+def array_feature_extractor(X: Value, Y: Value) -> Value:
+    """X[..., Y] with Y flattened; a 1-D X is one row, so the result is [1, len(Y)] (as ONNX Runtime does)."""
+    xp = np if _is_text(X) else jnp
+    indices = static(Y, "Y") if xp is np else Y
+    width = np.shape(X)[-1]
+    if is_static(indices) and np.any((np.asarray(indices) < 0) | (np.asarray(indices) >= width)):
+        raise IndexError(f"indices {np.asarray(indices).tolist()} out of range for a last axis of size {width}")
+    picked = xp.take(X, xp.reshape(indices, -1), axis=-1)
+    return picked.reshape(1, -1) if np.ndim(X) == 1 else picked
+
+
+@ml_op("FeatureVectorizer")
+def feature_vectorizer(*X: Value, inputdimensions: list[int] | None = None) -> Value:
+    """Inputs as [N, C_i] (a 1-D input is [1, C]) cut or zero-padded to inputdimensions[i], then concatenated."""
+    if inputdimensions is not None and len(inputdimensions) != len(X):
+        raise ValueError(f"{len(X)} inputs but {len(inputdimensions)} inputdimensions")
+    blocks = []
+    for i, x in enumerate(X):
+        block = jnp.reshape(x, (1, -1) if np.ndim(x) == 1 else (np.shape(x)[0], -1)).astype(np.float32)
+        width = block.shape[1] if inputdimensions is None else inputdimensions[i]
+        block = block[:, :width]
+        blocks.append(jnp.pad(block, ((0, 0), (0, width - block.shape[1]))))
+    return jnp.concatenate(blocks, axis=1)
+
+
+# ---- encoders ------------------------------------------------------------------------------------------------
+
+
+def _lookup(x: Value, keys: np.ndarray, values: np.ndarray, default: Any) -> Value:
+    """Each element of x replaced by the value of the equal key (the last one wins; NaN keys match NaN), or by
+    `default`. Numbers map on the device with a binary search; strings on either side map on the host."""
+    table: dict[Any, Any] = {}
+    nan_value = None
+    for key, value in zip(keys.tolist(), values.tolist()):
+        if isinstance(key, float) and math.isnan(key):
+            nan_value = value
+        else:
+            table[key.decode() if isinstance(key, bytes) else key] = value
+    if _is_text(x) or keys.dtype == object or values.dtype == object:
+        return _host_lookup(static(x, "X"), table, nan_value, default, values.dtype)
+    compare = np.promote_types(np.dtype(x.dtype), keys.dtype)
+    found_value = jnp.full(np.shape(x), default, dtype=values.dtype)
+    if table:
+        sorted_keys = np.asarray(sorted(table), dtype=compare)
+        mapped = np.asarray([table[k] for k in sorted(table)], dtype=values.dtype)
+        probe = jnp.asarray(x).astype(compare)
+        position = jnp.minimum(jnp.searchsorted(sorted_keys, probe), len(sorted_keys) - 1)
+        found_value = jnp.where(jnp.asarray(sorted_keys)[position] == probe, jnp.asarray(mapped)[position], found_value)
+    if nan_value is not None:
+        found_value = jnp.where(jnp.isnan(x), jnp.asarray(nan_value, values.dtype), found_value)
+    return found_value
+
+
+def _host_lookup(x: np.ndarray, table: dict, nan_value: Any, default: Any, dtype: np.dtype) -> np.ndarray:
+    def one(element: Any) -> Any:
+        if isinstance(element, float) and math.isnan(element):
+            return default if nan_value is None else nan_value
+        return table.get(element.decode() if isinstance(element, bytes) else element, default)
+
+    return np.asarray([one(e) for e in x.reshape(-1).tolist()], dtype=dtype).reshape(x.shape)
+
+
+def _attribute_array(name: str, ints: Any, floats: Any, strings: Any, tensor: np.ndarray | None) -> np.ndarray:
+    """The one of `name`_int64s / _floats / _strings / _tensor that is set, as a NumPy array of its type."""
+    if tensor is not None:
+        return tensor.reshape(-1)
+    if strings is not None:
+        return np.asarray(strings, dtype=object)
+    if ints is not None:
+        return np.asarray(ints, dtype=np.int64)
+    if floats is not None:
+        return np.asarray(floats, dtype=np.float32)
+    raise ValueError(f"one of the {name}_* attributes must be set")
+
+
+@ml_op("LabelEncoder", since=2)
+def label_encoder(
+    X: Value,
+    *,
+    keys_int64s: list[int] | None = None,
+    keys_floats: list[float] | None = None,
+    keys_strings: list[str] | None = None,
+    keys_tensor: np.ndarray | None = None,
+    values_int64s: list[int] | None = None,
+    values_floats: list[float] | None = None,
+    values_strings: list[str] | None = None,
+    values_tensor: np.ndarray | None = None,
+    default_int64: int = -1,
+    default_float: float = -0.0,
+    default_string: str = "_Unused",
+    default_tensor: np.ndarray | None = None,
+) -> Value:
+    keys = _attribute_array("keys", keys_int64s, keys_floats, keys_strings, keys_tensor)
+    values = _attribute_array("values", values_int64s, values_floats, values_strings, values_tensor)
+    if len(keys) != len(values):
+        raise ValueError(f"{len(keys)} keys but {len(values)} values")
+    if default_tensor is not None:
+        default = default_tensor.reshape(-1)[0]
+    else:  # the default attribute of the values' kind (also what a values_tensor without default_tensor takes)
+        default = {"O": default_string, "f": default_float}.get(values.dtype.kind, default_int64)
+    return _lookup(X, keys, values, default)
+
+
+@ml_op("LabelEncoder", until=1)
+def label_encoder_v1(
+    X: Value, *, classes_strings: list[str] | None = None, default_int64: int = -1, default_string: str = "_Unused"
+) -> Value:
+    """Version 1: a string maps to its position in classes_strings (the last one if repeated, as ONNX Runtime
+    does), an integer to the string at that position."""
+    classes = np.asarray(classes_strings or [], dtype=object)
+    positions = np.arange(len(classes), dtype=np.int64)
+    if _is_text(X):
+        return _lookup(X, classes, positions, default_int64)
+    return _lookup(X, positions, classes, default_string)
+
+
+@ml_op("CategoryMapper")
+def category_mapper(
+    X: Value,
+    *,
+    cats_int64s: list[int] | None = None,
+    cats_strings: list[str] | None = None,
+    default_int64: int = -1,
+    default_string: str = "_Unused",
+) -> Value:
+    ints = np.asarray(cats_int64s or [], dtype=np.int64)
+    strings = np.asarray(cats_strings or [], dtype=object)
+    if len(ints) != len(strings):
+        raise ValueError(f"cats_int64s has {len(ints)} entries, cats_strings {len(strings)}; they must pair up")
+    if _is_text(X):
+        return _lookup(X, strings, ints, default_int64)
+    return _lookup(X, ints, strings, default_string)
+
+
+@ml_op("OneHotEncoder")
+def one_hot_encoder(
+    X: Value, *, cats_int64s: list[int] | None = None, cats_strings: list[str] | None = None, zeros: int = 1
+) -> Value:
+    """[..., C] float32 indicators. With zeros=0 an unknown category is an error, which can only be detected
+    when X is known at trace time (a traced unknown category encodes as all zeros)."""
+    if _is_text(X):
+        if not cats_strings:
+            raise ValueError("a string input needs cats_strings")
+        position = {c: i for i, c in reversed(list(enumerate(cats_strings)))}
+        codes = np.asarray([position.get(v, -1) for v in X.reshape(-1).tolist()]).reshape(X.shape)
+        hot = codes[..., None] == np.arange(len(cats_strings))
+    else:
+        if not cats_int64s:
+            raise ValueError("a numeric input needs cats_int64s")
+        codes = jnp.asarray(X).astype(np.int64)  # float inputs are cast to integers, as the spec says
+        hot = codes[..., None] == np.asarray(cats_int64s, dtype=np.int64)
+    if not zeros and is_static(X) and not np.all(np.any(np.asarray(hot), axis=-1)):
+        raise ValueError("an input value is not among the categories and zeros=0")
+    return hot.astype(np.float32)
+
+
+# ---- maps ----------------------------------------------------------------------------------------------------
+
+
+def _maps(x: Any) -> tuple[list[dict], bool]:
+    """(the maps, whether x was a single map) from a dict, a list of dicts, or an object array holding them."""
+    if isinstance(x, np.ndarray) and x.dtype == object:
+        x = x.item() if x.ndim == 0 else list(x.reshape(-1))
+    if isinstance(x, dict):
+        return [x], True
+    if isinstance(x, (list, tuple)) and all(isinstance(m, dict) for m in x):
+        return list(x), False
+    raise TypeError(f"expected a map (dict) or a sequence of maps, got {type(x).__name__}")
+
+
+def _value_dtype(values: list[Any]) -> np.dtype:
+    """A map's value type, from its first value: NumPy and jax scalars keep theirs; a Python float is taken as
+    float (float32, ONNX's usual map value type: pass np.float64 values for double), an int as int64."""
+    if not values:
+        return np.dtype(np.float32)
+    first = values[0]
+    if isinstance(first, (str, bytes)):
+        return np.dtype(object)
+    if hasattr(first, "dtype"):
+        return np.dtype(first.dtype)
+    return np.dtype(np.int64 if isinstance(first, int) else np.float32)
+
+
+def _stack(rows: list[list[Any]], dtype: np.dtype) -> Value:
+    """A [N, C] tensor of map values: NumPy when all are known, jnp when some are traced (they came from a
+    ZipMap of traced scores)."""
+    if dtype == object:
+        if not all(isinstance(v, (str, bytes)) for r in rows for v in r):
+            raise StaticValueRequired("X")  # numbers written as text are computed on the host
+        return np.asarray(rows, dtype=object).reshape(len(rows), -1)
+    if all(is_static(v) for r in rows for v in r):
+        return np.asarray(rows, dtype=dtype).reshape(len(rows), -1)
+    return jnp.array(rows, dtype=dtype).reshape(len(rows), -1)
+
+
+@ml_op("ZipMap")
+def zip_map(
+    X: Value, *, classlabels_int64s: list[int] | None = None, classlabels_strings: list[str] | None = None
+) -> list[dict]:
+    if (classlabels_int64s is None) == (classlabels_strings is None):
+        raise ValueError("exactly one of classlabels_int64s and classlabels_strings must be set")
+    keys = [int(k) for k in classlabels_int64s] if classlabels_int64s is not None else list(classlabels_strings)
+    rows = _rows(X)
+    if rows.ndim != 2 or rows.shape[1] != len(keys):
+        raise ValueError(f"input of shape {np.shape(X)} does not have one column per key ({len(keys)})")
+    return [dict(zip(keys, row)) for row in rows]
+
+
+@ml_op("DictVectorizer")
+def dict_vectorizer(
+    X: Any, *, int64_vocabulary: list[int] | None = None, string_vocabulary: list[str] | None = None
+) -> Value:
+    """Map values placed at their key's position in the vocabulary, zero elsewhere: [1, V] for one map (as ONNX
+    Runtime does), [N, V] for a sequence of N maps. Keys outside the vocabulary are ignored."""
+    if (int64_vocabulary is None) == (string_vocabulary is None):
+        raise ValueError("exactly one of int64_vocabulary and string_vocabulary must be set")
+    vocabulary = list(int64_vocabulary if int64_vocabulary is not None else string_vocabulary)
+    maps, _ = _maps(X)
+    dtype = _value_dtype([v for m in maps for v in m.values()])
+    zero = "" if dtype == object else 0
+    return _stack([[m.get(k, zero) for k in vocabulary] for m in maps], dtype)
+
+
+_CASTS = {"TO_FLOAT": np.dtype(np.float32), "TO_INT64": np.dtype(np.int64), "TO_STRING": np.dtype(object)}
+
+
+@ml_op("CastMap")
+def cast_map(X: Any, *, cast_to: str = "TO_FLOAT", map_form: str = "DENSE", max_map: int = 1) -> Value:
+    """A map's values in ascending key order, as [1, n]: all of them (DENSE), or at positions 0..max_map-1 with
+    the missing ones padded (SPARSE: 0, or "0.f" for strings, which is ONNX Runtime's pad)."""
+    if cast_to not in _CASTS:
+        raise ValueError(f"unknown cast_to {cast_to!r}; expected one of {list(_CASTS)}")
+    maps, single = _maps(X)
+    if not single:
+        raise TypeError("CastMap takes one map, not a sequence of maps")
+    mapping = maps[0]
+    dtype = _CASTS[cast_to]
+    if map_form == "DENSE":
+        values = [mapping[k] for k in sorted(mapping)]
+    elif map_form == "SPARSE":
+        if any(k < 0 for k in mapping):
+            raise ValueError("SPARSE CastMap keys must not be negative")
+        pad = "0.f" if dtype == object else 0
+        values = [mapping.get(k, pad) for k in range(max_map)]
+    else:
+        raise ValueError(f"unknown map_form {map_form!r}; expected 'DENSE' or 'SPARSE'")
+    return _stack([[_cast_scalar(v, dtype) for v in values]], dtype)
+
+
+def _cast_scalar(value: Any, dtype: np.dtype) -> Any:
+    if isinstance(value, (str, bytes)):
+        text = value.decode() if isinstance(value, bytes) else value
+        return text if dtype == object else dtype.type(float(text) if dtype.kind == "f" else int(text))
+    if dtype == object:
+        if not is_static(value):
+            raise StaticValueRequired("X")
+        return f"{float(value):f}"  # C++'s std::to_string, which is how ONNX Runtime writes floats
+    if is_static(value):
+        return np.asarray(value).astype(dtype)
+    return jnp.asarray(value).astype(dtype)  # TO_INT64 truncates toward zero, as a C++ cast does
+
+
+# ---- linear models -------------------------------------------------------------------------------------------
+
+
+def _affine(x: Value, coefficients: Sequence[float], intercepts: Sequence[float] | None) -> Value:
+    """x @ W.T + b for coefficients W flattened row-major as [outputs, features]."""
+    weights = np.asarray(coefficients, dtype=x.dtype)
+    if weights.size % x.shape[1]:
+        raise ValueError(f"{weights.size} coefficients do not split into rows of {x.shape[1]} features")
+    return _matmul(x, weights.reshape(-1, x.shape[1]).T) + _floats(intercepts, x.dtype, [0.0])
+
+
+@ml_op("LinearRegressor")
+def linear_regressor(
+    X: Value,
+    *,
+    coefficients: list[float] | None = None,
+    intercepts: list[float] | None = None,
+    targets: int = 1,
+    post_transform: str = "NONE",
+) -> Value:
+    scores = _affine(_rows(_as_float(X)), coefficients or [], intercepts)
+    if scores.shape[1] != targets:
+        raise ValueError(f"the coefficients give {scores.shape[1]} targets, the targets attribute says {targets}")
+    return transform_scores(scores, post_transform).astype(np.float32)
+
+
+@ml_op("LinearClassifier")
+def linear_classifier(
+    X: Value,
+    *,
+    coefficients: list[float],
+    classlabels_ints: list[int] | None = None,
+    classlabels_strings: list[str] | None = None,
+    intercepts: list[float] | None = None,
+    multi_class: int = 0,
+    post_transform: str = "NONE",
+) -> tuple[Value, Value]:
+    labels = class_labels(classlabels_ints, classlabels_strings)
+    scores = _affine(_rows(_as_float(classifier_input(X, labels))), coefficients, intercepts)
+    if scores.shape[1] == 1 and len(labels) == 2:  # one score for two classes: the first class scores its negation
+        scores = jnp.concatenate([-scores, scores], axis=1)
+    scores = transform_scores(scores, post_transform)
+    if scores.shape[1] > 1:
+        chosen = pick(labels, jnp.argmax(scores, axis=1)) if len(labels) else jnp.argmax(scores, axis=1)
+    else:  # one class: it is chosen where the score passes the threshold, else 0 ("" for strings)
+        passed = scores[:, 0] >= (0 if post_transform == "NONE" else 0.5)
+        positive = labels[:1] if len(labels) else np.ones(1, np.int64)
+        negative = np.asarray([""] if labels.dtype == object else [0], dtype=positive.dtype)
+        chosen = pick(np.concatenate([negative, positive]), passed.astype(np.int64))
+    return chosen, scores.astype(np.float32)
+
+
+# ---- support vector machines ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Kernel:
+    kind: str
+    gamma: float
+    coef0: float
+    degree: int
+
+    @staticmethod
+    def of(kernel_type: str, kernel_params: Sequence[float] | None) -> "Kernel":
+        gamma, coef0, degree = (list(kernel_params) + [0.0, 0.0, 0.0])[:3] if kernel_params else (0.0, 0.0, 0.0)
+        kind = kernel_type.upper()
+        if kind not in ("LINEAR", "POLY", "RBF", "SIGMOID"):
+            raise ValueError(f"unknown kernel_type {kernel_type!r}; expected LINEAR, POLY, RBF or SIGMOID")
+        return Kernel(kind, float(gamma), float(coef0), int(degree))
+
+    def __call__(self, x: Value, vectors: np.ndarray) -> Value:
+        """[N, V]: the kernel of every sample with every support vector."""
+        vectors = vectors.astype(x.dtype)
+        if self.kind == "RBF":
+            squared = (
+                jnp.sum(x * x, axis=1, keepdims=True) - 2 * _matmul(x, vectors.T) + np.sum(vectors * vectors, axis=1)
+            )
+            return jnp.exp(-self.gamma * jnp.maximum(squared, 0))
+        dot = _matmul(x, vectors.T)
+        if self.kind == "POLY":
+            return (dot * self.gamma + self.coef0) ** self.degree
+        if self.kind == "SIGMOID":
+            return jnp.tanh(dot * self.gamma + self.coef0)
+        return dot
+
+
+@ml_op("SVMRegressor")
+def svm_regressor(
+    X: Value,
+    *,
+    coefficients: list[float] | None = None,
+    kernel_params: list[float] | None = None,
+    kernel_type: str = "LINEAR",
+    n_supports: int = 0,
+    one_class: int = 0,
+    post_transform: str = "NONE",
+    rho: list[float] | None = None,
+    support_vectors: list[float] | None = None,
+) -> Value:
+    x = _rows(_as_float(X))
+    weights = np.asarray(coefficients or [], dtype=x.dtype)
+    if n_supports > 0:
+        vectors = np.asarray(support_vectors, dtype=x.dtype).reshape(n_supports, -1)
+        features = Kernel.of(kernel_type, kernel_params)(x, vectors)
+    else:  # a linear SVM: the coefficients are the weights of the features themselves
+        features = x
+    score = _matmul(features, weights.reshape(-1, 1)) + _floats(rho, x.dtype, [0.0])[0]
+    if one_class:
+        score = jnp.where(score > 0, 1, -1).astype(x.dtype)
+    return transform_scores(score, post_transform).astype(np.float32)
+
+
+def _one_vs_one(
+    x: Value, kernel: Value, weights: np.ndarray, offsets: np.ndarray, counts: np.ndarray, n_classes: int
+) -> tuple[Value, Value, np.ndarray, np.ndarray]:
+    """libsvm's SVC: (decision values [N, P], votes [N, C], first class [P], second class [P]). Pair (i, j) of
+    the libsvm order weighs class i's support vectors with coefficient row j-1 and class j's with row i; all
+    pairs are one matmul with the kernel values."""
+    coefficients = weights.reshape(-1, int(counts.sum()))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    pairs = [(i, j) for i in range(len(counts)) for j in range(i + 1, len(counts))]
+    pair_weights = np.zeros((len(pairs), coefficients.shape[1]), x.dtype)
+    for p, (i, j) in enumerate(pairs):
+        own_i, own_j = slice(starts[i], starts[i] + counts[i]), slice(starts[j], starts[j] + counts[j])
+        pair_weights[p, own_i] = coefficients[j - 1, own_i]
+        pair_weights[p, own_j] = coefficients[i, own_j]
+    first, second = (np.asarray([pair[k] for pair in pairs], dtype=np.int64) for k in (0, 1))
+    decisions = _matmul(kernel, pair_weights.T) + offsets[: len(pairs)]
+    wins = jnp.where(decisions > 0, first, second)
+    votes = jnp.sum(wins[:, :, None] == jnp.arange(n_classes), axis=1).astype(x.dtype)
+    return decisions, votes, first, second
+
+
+def _pairwise_coupling(pairwise: Value, first: np.ndarray, second: np.ndarray, n_classes: int) -> Value:
+    """Class probabilities [N, C] from pairwise ones [N, P]: libsvm's multiclass_probability (Wu, Lin and Weng),
+    a Gauss-Seidel solve run per row until it converges or max(100, C) sweeps are done."""
+    n = pairwise.shape[0]
+    r = jnp.zeros((n, n_classes, n_classes), pairwise.dtype)
+    r = r.at[:, first, second].set(pairwise).at[:, second, first].set(1 - pairwise)
+    q = -r * jnp.swapaxes(r, 1, 2)  # Q[t, j] = -r[j, t] r[t, j] off the diagonal
+    diagonal = jnp.arange(n_classes)
+    q = q.at[:, diagonal, diagonal].set(jnp.sum(r * r, axis=1))  # Q[t, t] = sum over j of r[j, t]^2
+    eps, sweeps = 0.005 / n_classes, max(100, n_classes)
+
+    def converged(p: Value) -> Value:
+        qp = jnp.einsum("nij,nj->ni", q, p)
+        return jnp.max(jnp.abs(qp - jnp.sum(p * qp, axis=1, keepdims=True)), axis=1) < eps
+
+    def sweep(state: tuple) -> tuple:
+        p, done, count = state
+        qp = jnp.einsum("nij,nj->ni", q, p)
+        pqp = jnp.sum(p * qp, axis=1)
+
+        def update(t: Value, carry: tuple) -> tuple:
+            p, qp, pqp = carry
+            q_tt, qp_t = q[:, t, t], qp[:, t]
+            diff = (pqp - qp_t) / q_tt
+            scale = 1 + diff
+            pqp = (pqp + diff * (diff * q_tt + 2 * qp_t)) / (scale * scale)
+            p = p.at[:, t].add(diff) / scale[:, None]
+            qp = (qp + diff[:, None] * q[:, t, :]) / scale[:, None]
+            return p, qp, pqp
+
+        updated, _, _ = lax.fori_loop(0, n_classes, update, (p, qp, pqp))
+        p = jnp.where(done[:, None], p, updated)  # a converged row stops, as libsvm's loop breaks
+        return p, done | converged(p), count + 1
+
+    p0 = jnp.full((n, n_classes), 1 / n_classes, pairwise.dtype)
+    p, _, _ = lax.while_loop(lambda s: (s[2] < sweeps) & ~jnp.all(s[1]), sweep, (p0, converged(p0), 0))
+    return p
+
+
+@ml_op("SVMClassifier")
+def svm_classifier(
+    X: Value,
+    *,
+    classlabels_ints: list[int] | None = None,
+    classlabels_strings: list[str] | None = None,
+    coefficients: list[float] | None = None,
+    kernel_params: list[float] | None = None,
+    kernel_type: str = "LINEAR",
+    post_transform: str = "NONE",
+    prob_a: list[float] | None = None,
+    prob_b: list[float] | None = None,
+    rho: list[float] | None = None,
+    support_vectors: list[float] | None = None,
+    vectors_per_class: list[int] | None = None,
+) -> tuple[Value, Value]:
+    """libsvm's one-vs-one SVC over support vectors, or a liblinear model (no support vectors), with the
+    labelling and score conventions that ONNX Runtime and ONNX's reference evaluator share."""
+    labels = class_labels(classlabels_ints, classlabels_strings)
+    n_classes = max(len(labels), 1)
+    x = _rows(_as_float(classifier_input(X, labels)))
+    weights = np.asarray(coefficients or [], dtype=x.dtype)
+    offsets = _floats(rho, x.dtype, [0.0])
+    counts = np.asarray(vectors_per_class or [], dtype=np.int64)
+    probabilities = False
+    if counts.sum() > 0:
+        vectors = np.asarray(support_vectors, dtype=x.dtype).reshape(int(counts.sum()), -1)
+        kernel = Kernel.of(kernel_type, kernel_params)(x, vectors)
+        scores, decided, first, second = _one_vs_one(x, kernel, weights, offsets, counts, n_classes)
+        if prob_a:
+            a, b = _floats(prob_a, x.dtype), _floats(prob_b, x.dtype)
+            pairwise = jnp.clip(jax.nn.sigmoid(-(scores * a + b)), 1e-7, 1 - 1e-7)
+            scores, probabilities = _pairwise_coupling(pairwise, first, second, n_classes), True
+    else:
+        scores = decided = _affine(x, weights, None) + offsets[0]
+    best, best_weight = jnp.argmax(decided, axis=1), jnp.max(decided, axis=1)
+    binary = offsets.size == 1 and len(labels) == 2
+    if binary:
+        # Only non-negative coefficients and no probabilities: a winning weight of 0.5 decides class 1.
+        if not probabilities and weights.size and weights.min() >= 0:
+            best = jnp.where(best_weight >= 0.5, 1, best)
+        chosen = pick(labels, best)
+    elif offsets.size == 1:  # one decision function without two labels: "class" 1 when positive, else 0
+        positive = (best_weight > 0).astype(np.int64)
+        chosen = pick(labels, positive) if labels.dtype == object else positive
+    else:
+        chosen = pick(labels, best) if len(labels) else best
+    if scores.shape[1] == 1 and post_transform == "PROBIT":
+        scores = _probit(scores)
+    elif scores.shape[1] == 1 and binary:  # one decision value for two classes: the first class scores its negation
+        scores = transform_scores(jnp.concatenate([-scores, scores], axis=1), post_transform)
+    elif scores.shape[1] > 1:
+        scores = transform_scores(scores, post_transform)
+    return chosen, scores.astype(np.float32)
