@@ -1,8 +1,9 @@
 """Pooling: MaxPool (with Indices), AveragePool, LpPool, their Global forms, MaxUnpool and MaxRoiPool.
 
-Window geometry (auto_pad, ceil_mode, dilations) comes from conv.sliding_window. Non-overlapping windows without
-padding (stride == kernel) reduce through a reshape; the others use reduce_window on the channels-last layout,
-like the convolutions, so the transposes between a convolution and a pool cancel.
+Window geometry (auto_pad, ceil_mode, dilations) comes from conv.sliding_window. Everything runs channels-last,
+like the convolutions, so the transposes between a convolution and a pool cancel. Non-overlapping windows without
+padding (stride == kernel) reduce through a reshape; the others use reduce_window, and overlapping max pooling
+has its own gradient (sliding_max) because XLA's select-and-scatter is slow on CPU.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def _sliding_max_backward(window: Window, residuals, grad):
     claimed = jnp.zeros(y.shape, bool)  # windows whose maximum already received the gradient
     for offset in itertools.product(*[range(k) for k in window.kernel]):
         start = [0, *[j * d for j, d in zip(offset, window.dilations)], 0]
-        limit = [size for size in padded.shape]
+        limit = list(padded.shape)
         for a, (o, s) in enumerate(zip(window.out, window.strides), start=1):
             limit[a] = start[a] + (o - 1) * s + 1
         candidate = lax.slice(padded, start, limit, (1, *window.strides, 1))
@@ -123,19 +124,15 @@ def accumulation_dtype(dtype):
     return jnp.float32 if jnp.dtype(dtype).itemsize < 4 and jnp.issubdtype(dtype, jnp.floating) else dtype
 
 
-def average_pool_impl(X, window: Window, count_include_pad: int):
-    x = X.astype(accumulation_dtype(X.dtype))
-    sums = reduce_windows(x, window, "sum")
-    counts = window_counts(window, bool(count_include_pad))
-    return (sums / jnp.asarray(counts, x.dtype)).astype(X.dtype)
-
-
 @op("AveragePool", *versions("AveragePool"))
 def average_pool(
     X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None, kernel_shape, pads=None, strides=None
 ):
     window = pool_window(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-    return average_pool_impl(X, window, count_include_pad)
+    x = X.astype(accumulation_dtype(X.dtype))
+    sums = reduce_windows(x, window, "sum")
+    counts = window_counts(window, bool(count_include_pad))
+    return (sums / jnp.asarray(counts, x.dtype)).astype(X.dtype)
 
 
 @op("MaxPool", *versions("MaxPool"))
@@ -185,16 +182,13 @@ def argmax_indices(x, window: Window, storage_order: int):
     return index + plane * size
 
 
-def lp_pool_impl(X, window: Window, p: float):
+@op("LpPool", *versions("LpPool"))
+def lp_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, p=2, pads=None, strides=None):
+    """(sum |x|^p)^(1/p) over each window; padding adds nothing to the sum."""
+    window = pool_window(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     x = X.astype(accumulation_dtype(X.dtype))
     powered = reduce_windows(jnp.abs(x) ** p, window, "sum")
     return (powered ** (1.0 / p)).astype(X.dtype)
-
-
-@op("LpPool", *versions("LpPool"))
-def lp_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, p=2, pads=None, strides=None):
-    window = pool_window(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-    return lp_pool_impl(X, window, p)
 
 
 def spatial_axes(x) -> tuple[int, ...]:

@@ -230,10 +230,10 @@ def resize_core(
             cubic_coeff_a=cubic_coeff_a, antialias=bool(antialias), exclude_outside=bool(exclude_outside),
         )
         for axis, n, out, scale, box in zip(axes, in_sizes, out_sizes, factors, rois)
-        if out != n or scale != 1 or coordinate_transformation_mode == "tf_crop_and_resize"
+        if out != n or scale != 1 or box != (0.0, 1.0)  # every mode maps such an axis onto itself
     }
     y = X.astype(compute_dtype(X.dtype, mode))
-    spatial_only = rank >= 3 and all(axis >= 2 for axis in plans)
+    spatial_only = rank >= 3 and bool(plans) and all(axis >= 2 for axis in plans)
     if spatial_only:  # an image's spatial axes: resample channels-last, like the convolutions around it
         y = to_channels_last(y)
     for axis, plan in plans.items():

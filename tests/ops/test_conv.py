@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
@@ -83,6 +84,16 @@ def test_conv_float16():
     assert_matches_reference("Conv", inputs, rtol=1e-2, atol=1e-2)
 
 
+def test_conv_bfloat16_keeps_its_dtype():
+    x, w = rand(1, 2, 5, 5).astype(ml_dtypes.bfloat16), rand(3, 2, 3, 3).astype(ml_dtypes.bfloat16)
+    model = node_model("Conv", {"X": x, "W": w}, pads=[1, 1, 1, 1])
+    y = np.asarray(onnxtrain.load(model, check=False).infer({"X": x, "W": w})["out0"])
+    assert y.dtype == ml_dtypes.bfloat16
+    wide = {"X": x.astype(np.float32), "W": w.astype(np.float32)}
+    expected = ReferenceEvaluator(node_model("Conv", wide, pads=[1, 1, 1, 1])).run(None, wide)[0]
+    np.testing.assert_allclose(y.astype(np.float32), expected, rtol=3e-2, atol=3e-2)
+
+
 @pytest.mark.parametrize("opset", [1, 11])
 def test_conv_old_opsets(opset):
     inputs = {"X": rand(1, 2, 6, 6), "W": rand(3, 2, 3, 3), "B": rand(3)}
@@ -147,7 +158,8 @@ def test_conv_transpose_groups():
     per_group = []
     for g in range(2):
         group_inputs = {"X": x[:, 2 * g:2 * g + 2], "W": w[2 * g:2 * g + 2]}
-        per_group.append(ReferenceEvaluator(node_model("ConvTranspose", group_inputs, **attrs)).run(None, group_inputs)[0])
+        reference = ReferenceEvaluator(node_model("ConvTranspose", group_inputs, **attrs))
+        per_group.append(reference.run(None, group_inputs)[0])
     expected = np.concatenate(per_group, axis=1)
     np.testing.assert_allclose(without_bias, expected, rtol=1e-12, atol=1e-12)
     model = node_model("ConvTranspose", inputs, group=2, **attrs)

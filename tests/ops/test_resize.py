@@ -191,7 +191,9 @@ def test_resize_gradient():
 
 
 def test_resize_errors_name_the_problem():
-    inputs = {"X": rand(1, 1, 2, 2), "roi": np.zeros(0, np.float32), "scales": scales(1, 1, 2, 2), "sizes": sizes(1, 1, 4, 4)}
+    inputs = {
+        "X": rand(1, 1, 2, 2), "roi": np.zeros(0, np.float32), "scales": scales(1, 1, 2, 2), "sizes": sizes(1, 1, 4, 4)
+    }
     with pytest.raises(onnxtrain.errors.NodeError, match="exactly one of 'scales' and 'sizes'"):
         run(node_model("Resize", inputs), inputs)
     inputs = {"X": rand(1, 1, 2, 2), "roi": np.zeros(0, np.float32), "scales": scales(2, 2)}
