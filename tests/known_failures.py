@@ -1,1 +1,23 @@
-KNOWN_FAILURES: dict[str, str] = {}
+"""Conformance cases expected to fail, each with its reason. This list only shrinks: each entry is a strict
+xfail, so a case that starts passing fails the suite until it is removed here."""
+
+_NUMPY_GLOBAL_RANDOM = (
+    "expected values were drawn from NumPy's global random stream, which no other generator reproduces; "
+    "the op is checked statistically in tests/ops/"
+)
+
+KNOWN_FAILURES: dict[str, str] = {
+    **{name: _NUMPY_GLOBAL_RANDOM + " (test_random.py)" for name in (
+        "test_bernoulli", "test_bernoulli_double", "test_bernoulli_double_expanded", "test_bernoulli_expanded",
+        "test_bernoulli_seed", "test_bernoulli_seed_expanded",
+    )},
+    **{name: _NUMPY_GLOBAL_RANDOM + " (test_dropout.py)" for name in (
+        "test_training_dropout", "test_training_dropout_default", "test_training_dropout_default_mask",
+        "test_training_dropout_mask",
+    )},
+    "test_maxunpool_export_with_output_shape": (
+        "the expected output indexes into the inferred (smaller) shape instead of output_shape, a known error of "
+        "the test (onnx/onnx#2398; ONNX Runtime excludes it too). onnxtrain unpools into output_shape as ONNX "
+        "Runtime and PyTorch do, so that MaxPool -> MaxUnpool round-trips (tests/ops/test_pool.py)"
+    ),
+}
