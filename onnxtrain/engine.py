@@ -155,9 +155,19 @@ class Engine:
         """How many times any graph was traced (compiled); a repeated input signature adds nothing."""
         return self._infer.trace_count + self._init.trace_count + sum(p.trace_count for p in self._train)
 
+    def check_feeds(self, feeds: Mapping[str, Any], algorithm: int | None = None) -> dict[str, Any]:
+        """Validate feeds for `infer` (algorithm None) or for `train_step(algorithm=k)`; FeedError if wrong."""
+        if algorithm is None:
+            return check_feeds(feeds, self.required_inputs, self.optional_inputs)
+        if not 0 <= algorithm < len(self.algorithms):
+            raise StateError(
+                f"algorithm {algorithm} does not exist: the model has {len(self.algorithms)} TrainingInfoProto(s)"
+            )
+        return check_feeds(feeds, *self._train_feeds[algorithm])
+
     def infer(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """Run ModelProto.graph on `feeds` with the current state; returns {output name: array}."""
-        checked = self._placement.feeds(check_feeds(feeds, self.required_inputs, self.optional_inputs), self._declared)
+        checked = self._placement.feeds(self.check_feeds(feeds), self._declared)
         _, outputs = self._infer(self._state, self._main_consts, self._key, feeds=checked)
         return {name: outputs[name] for name in self.output_names}
 
@@ -165,11 +175,7 @@ class Engine:
         """Evaluate ModelProto.graph + training_info[algorithm].algorithm and assign via update_binding.
 
         Returns the outputs of both graphs as device arrays (no host sync)."""
-        if not 0 <= algorithm < len(self.algorithms):
-            raise StateError(
-                f"algorithm {algorithm} does not exist: the model has {len(self.algorithms)} TrainingInfoProto(s)"
-            )
-        checked = self._placement.feeds(check_feeds(feeds, *self._train_feeds[algorithm]), self._declared)
+        checked = self._placement.feeds(self.check_feeds(feeds, algorithm), self._declared)
         if self._step is None:  # the step count lives on the device between steps: no host transfer per step
             with jax.enable_x64(True):
                 self._step = self._placement.put({"step": np.uint32(self.step_count)})["step"]

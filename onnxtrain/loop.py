@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -56,12 +57,16 @@ def fit(
 
     loss = loss or loss_output(engine, algorithm)
     history = History()
-    bar = tqdm(total=steps, disable=not progress, unit="step")
     iterator = iter(batches)
+    first = next(iterator, None)
+    if first is None:
+        return history
+    engine.check_feeds(first, algorithm)  # a wrong batch fails before the progress bar starts
+    iterator = itertools.chain([first], iterator)
+    bar = tqdm(total=steps, disable=not progress, unit="step")
     for step in range(steps):
-        try:
-            batch = next(iterator)
-        except StopIteration:
+        batch = next(iterator, None)
+        if batch is None:
             break
         outputs = engine.train_step(batch, algorithm=algorithm)
         if loss is not None and (step % log_every == 0 or step == steps - 1):
