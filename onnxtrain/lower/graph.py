@@ -174,7 +174,7 @@ def is_graph_list(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and isinstance(value[0], Graph)
 
 
-def call_function(node: "Node", args: list[Value], runtime: Runtime) -> list[Value]:
+def call_function(node: "Node", args: list[Value], runtime: Runtime) -> tuple[Value, ...]:
     """Run a node by expanding a function body: a model-local FunctionProto or the op schema's own."""
     from ..model import Resolver, build_node, raise_if_missing
 
@@ -193,7 +193,7 @@ def call_function(node: "Node", args: list[Value], runtime: Runtime) -> list[Val
         scope[name] = None
     scope.values.setdefault("", None)
     run_nodes(body, scope, runtime)
-    return [lookup(scope, name, f"output of function {function.name!r}") for name in function.output]
+    return tuple(lookup(scope, name, f"output of function {function.name!r}") for name in function.output)
 
 
 def schema_default_attributes(node: "Node") -> dict[str, onnx.AttributeProto]:
