@@ -117,7 +117,11 @@ class Engine:
             scope.values.update({**self._algorithm_static[algorithm.index], **algorithm_consts})
             runtime = Runtime(jax.random.fold_in(key, step), self.functions, training=True, step=step)
             run_nodes(nodes, scope, runtime)
-            outputs = {o.name: scope[o.name] for o in self.graph.outputs + algorithm.algorithm.outputs}
+            # An output bound to state is the new state itself; returning it again would cost a copy per step.
+            bound = set(algorithm.update_binding.values())
+            outputs = {
+                o.name: scope[o.name] for o in self.graph.outputs + algorithm.algorithm.outputs if o.name not in bound
+            }
             where = f"training_info[{algorithm.index}].update_binding"
             return (assign(state, algorithm.update_binding, scope.values, where), step + 1), outputs
 
@@ -174,7 +178,8 @@ class Engine:
     def train_step(self, feeds: Mapping[str, Any], algorithm: int = 0) -> dict[str, Any]:
         """Evaluate ModelProto.graph + training_info[algorithm].algorithm and assign via update_binding.
 
-        Returns the outputs of both graphs as device arrays (no host sync)."""
+        Returns the outputs of both graphs as device arrays (no host sync), except those that update_binding
+        assigns to state: read those from `state`."""
         checked = self._placement.feeds(self.check_feeds(feeds, algorithm), self._declared)
         if self._step is None:  # the step count lives on the device between steps: no host transfer per step
             with jax.enable_x64(True):
