@@ -15,9 +15,4 @@ KNOWN_FAILURES: dict[str, str] = {
         "test_training_dropout", "test_training_dropout_default", "test_training_dropout_default_mask",
         "test_training_dropout_mask",
     )},
-    "test_maxunpool_export_with_output_shape": (
-        "the expected output indexes into the inferred (smaller) shape instead of output_shape, a known error of "
-        "the test (onnx/onnx#2398; ONNX Runtime excludes it too). onnxtrain unpools into output_shape as ONNX "
-        "Runtime and PyTorch do, so that MaxPool -> MaxUnpool round-trips (tests/ops/test_pool.py)"
-    ),
 }

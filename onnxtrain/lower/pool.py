@@ -216,27 +216,29 @@ def global_lp_pool(X, *, p=2):
 
 @op("MaxUnpool", *versions("MaxUnpool"))
 def max_unpool(X, I, output_shape=None, *, kernel_shape, pads=None, strides=None):
-    """Scatter X to the flat positions I (MaxPool's Indices) of a zero tensor shaped like MaxPool's input:
-    `output_shape` when given (as onnxruntime and PyTorch), else inferred from kernel_shape, strides and pads.
+    """Scatter X to the flat positions I (MaxPool's Indices) of a zero tensor of the shape inferred from
+    kernel_shape, strides and pads; an `output_shape` then pads that tensor at the end of each axis.
 
-    ONNX's test_maxunpool_export_with_output_shape expects I to index the inferred shape instead, which breaks
-    the inverse of a MaxPool whose input size the inferred one misses (onnx/onnx#2398)."""
+    This is the spec's letter ("output_shape ... will cause pads values to be auto generated") and ONNX's test.
+    ONNX Runtime and PyTorch instead read I as positions in output_shape itself (onnx/onnx#2398); the two
+    agree whenever output_shape equals the inferred shape."""
     rank = X.ndim - 2
     if len(kernel_shape) != rank:
         raise ValueError(f"kernel_shape {list(kernel_shape)} must have one entry per spatial axis of X {X.shape}")
-    if output_shape is not None:
-        shape = tuple(static_ints(output_shape, "output_shape"))
-        if len(shape) != X.ndim:
-            raise ValueError(f"output_shape {list(shape)} must have rank {X.ndim}")
-    else:
-        strides = spatial_param(strides, rank, 1, "strides")
-        padding = explicit_pads(pads, rank)
-        shape = (*X.shape[:2], *[
-            (size - 1) * s - (begin + end) + k
-            for size, s, (begin, end), k in zip(X.shape[2:], strides, padding, kernel_shape)
-        ])
+    strides = spatial_param(strides, rank, 1, "strides")
+    padding = explicit_pads(pads, rank)
+    shape = (*X.shape[:2], *[
+        (size - 1) * s - (begin + end) + k
+        for size, s, (begin, end), k in zip(X.shape[2:], strides, padding, kernel_shape)
+    ])
     flat = jnp.zeros((math.prod(shape),), X.dtype).at[jnp.reshape(I, (-1,))].set(jnp.reshape(X, (-1,)), mode="drop")
-    return jnp.reshape(flat, shape)
+    unpooled = jnp.reshape(flat, shape)
+    if output_shape is None:
+        return unpooled
+    target = tuple(static_ints(output_shape, "output_shape"))
+    if len(target) != X.ndim or any(t < n for t, n in zip(target, shape)):
+        raise ValueError(f"output_shape {list(target)} must have rank {X.ndim} and be at least {list(shape)}")
+    return jnp.pad(unpooled, [(0, t - n) for t, n in zip(target, shape)])
 
 
 def round_half_away(v):

@@ -169,11 +169,9 @@ def test_global_lp_pool(opset, p):
     np.testing.assert_allclose(y, (np.abs(x) ** p).sum(axis=(2, 3), keepdims=True) ** (1 / p), rtol=1e-12)
 
 
-@pytest.mark.parametrize(
-    "attrs", [dict(kernel_shape=[2, 2], strides=[2, 2]), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])]
-)
-def test_max_unpool_inverts_max_pool(attrs):
-    """Pooling 7 x 7 loses its size: output_shape restores it, and I indexes it."""
+def test_max_unpool_inverts_max_pool_when_output_shape_is_the_inferred_one():
+    """3x3 stride-2 pad-1 pooling of 7 x 7 infers 7 x 7 back: I indexes it."""
+    attrs = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
     x = rand(2, 3, 7, 7)
     y, indices = run(node_model("MaxPool", {"X": x}, n_outputs=2, **attrs), {"X": x})
     inputs = {"X": y, "I": indices, "output_shape": np.array(x.shape, np.int64)}
@@ -181,6 +179,16 @@ def test_max_unpool_inverts_max_pool(attrs):
     expected = np.zeros(x.size, x.dtype)
     expected[indices.reshape(-1)] = x.reshape(-1)[indices.reshape(-1)]
     np.testing.assert_array_equal(unpooled, expected.reshape(x.shape))
+
+
+def test_max_unpool_output_shape_pads_the_inferred_shape_at_the_end():
+    """The spec: output_shape "will cause pads values to be auto generated". I indexes the inferred 4 x 4."""
+    inputs = {"X": np.array([[[[5.0, 6.0], [7.0, 8.0]]]], np.float32),
+              "I": np.array([[[[5, 7], [13, 15]]]], np.int64), "output_shape": np.array([1, 1, 5, 5], np.int64)}
+    (unpooled,) = run(node_model("MaxUnpool", inputs, kernel_shape=[2, 2], strides=[2, 2]), inputs)
+    expected = np.zeros((1, 1, 5, 5), np.float32)
+    expected[0, 0, 1, 1], expected[0, 0, 1, 3], expected[0, 0, 3, 1], expected[0, 0, 3, 3] = 5, 6, 7, 8
+    np.testing.assert_array_equal(unpooled, expected)
 
 
 def test_max_unpool_inferred_shape():
