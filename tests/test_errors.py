@@ -95,3 +95,36 @@ def test_compiles_once_per_input_signature():
         feeds = {"a": np.ones((n, 3), np.float32), "b": np.ones((n, 3), np.float32)}
         np.testing.assert_array_equal(np.asarray(engine.infer(feeds)["c"]), np.full((n, 3), 2.0))
     assert engine.trace_count == 2
+
+
+def test_initializer_that_is_also_an_input_is_an_overridable_default():
+    from onnx import numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "scale"], ["y"])],
+        "scaled",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("scale", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.float32(3.0), "scale")],
+    )
+    engine = onnxtrain.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = np.array([1.0, 2.0], np.float32)
+    assert engine.input_names == ["x"]
+    np.testing.assert_array_equal(np.asarray(engine.infer({"x": x})["y"]), [3.0, 6.0])
+    np.testing.assert_array_equal(np.asarray(engine.infer({"x": x, "scale": np.float32(-1)})["y"]), [-1.0, -2.0])
+
+
+def test_node_binds_to_the_highest_version_not_above_the_model_opset():
+    """Softmax-11 flattens to 2-D at axis; Softmax-13 works along one axis: same node, different results."""
+    x = np.arange(6, dtype=np.float32).reshape(1, 2, 3)
+    results = {}
+    for opset in (11, 13):
+        graph = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=1)], "s",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        results[opset] = np.asarray(onnxtrain.load(model).infer({"x": x})["y"])
+    flat = np.exp(x.reshape(1, 6)) / np.exp(x.reshape(1, 6)).sum()
+    np.testing.assert_allclose(results[11], flat.reshape(1, 2, 3), rtol=1e-6)
+    np.testing.assert_allclose(results[13], np.exp(x) / np.exp(x).sum(axis=1, keepdims=True), rtol=1e-6)
