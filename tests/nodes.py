@@ -56,3 +56,29 @@ def assert_matches_reference(
         assert mine.shape == ref.shape, (mine.shape, ref.shape)
         np.testing.assert_allclose(mine.astype(np.float64), ref.astype(np.float64), rtol=rtol, atol=atol)
     return ours
+
+
+def run_with_engine(
+    model: onnx.ModelProto, feeds: dict[str, Any], engine: onnxtrain.Engine | None = None
+) -> tuple[list[np.ndarray], onnxtrain.Engine]:
+    """Every output of `model` (in graph order) as NumPy, and the engine (pass it back to reuse its cache)."""
+    engine = engine or onnxtrain.load(model, check=False)
+    outputs = engine.infer(feeds)
+    return [np.asarray(outputs[name]) for name in engine.output_names], engine
+
+
+def run_outputs(model: onnx.ModelProto, feeds: dict[str, Any]) -> list[np.ndarray]:
+    return run_with_engine(model, feeds)[0]
+
+
+def value(name: str, elem_type: int, shape=None) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem_type, shape)
+
+
+def graph_model(nodes, inputs, outputs, initializers=(), opset: int = 21) -> onnx.ModelProto:
+    """A model of `nodes`; outputs are names (types left to inference), initializers a name -> array map."""
+    graph = helper.make_graph(
+        nodes, "g", inputs, [helper.make_value_info(o, helper.TypeProto()) for o in outputs],
+        [onnx.numpy_helper.from_array(v, n) for n, v in dict(initializers).items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])

@@ -17,21 +17,10 @@ from onnxtrain.errors import StaticValueRequired
 from onnxtrain.lower import control
 from onnxtrain.lower.graph import Runtime, run_graph
 from onnxtrain.model import build_graph, model_resolver
+from nodes import run_with_engine as run, value as info, graph_model as model
 
 F, I64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 OPSET = 21
-
-
-def info(name, elem_type, shape=None):
-    return helper.make_tensor_value_info(name, elem_type, shape)
-
-
-def model(nodes, inputs, outputs, initializers=(), opset=OPSET):
-    graph = helper.make_graph(
-        nodes, "g", inputs, [helper.make_value_info(o, helper.TypeProto()) for o in outputs],
-        [numpy_helper.from_array(v, n) for n, v in dict(initializers).items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def body(nodes, inputs, outputs, initializers=()):
@@ -39,12 +28,6 @@ def body(nodes, inputs, outputs, initializers=()):
         nodes, "body", inputs, [info(o, 0) for o in outputs],
         [numpy_helper.from_array(v, n) for n, v in dict(initializers).items()],
     )
-
-
-def run(m, feeds, engine=None):
-    engine = engine or onnxtrain.load(m, check=False)
-    got = engine.infer(feeds)
-    return [np.asarray(got[n]) for n in engine.output_names], engine
 
 
 def reference(m, feeds):

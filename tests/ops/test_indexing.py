@@ -11,14 +11,9 @@ from nodes import assert_matches_reference, node_model, run_both
 from onnxtrain.errors import NodeError
 from onnxtrain.lower import indexing
 from onnxtrain.lower.registry import lookup, versions
+from nodes import run_with_engine as run
 
 BIG = 2**53 + 1  # not representable in float64: an int64 that drifts through a float comes back wrong
-
-
-def run(model, feeds):
-    engine = onnxtrain.load(model, check=False)
-    outputs = engine.infer(feeds)
-    return [np.asarray(outputs[name]) for name in engine.output_names], engine
 
 
 def with_constants(op_type, feeds, constants, n_outputs=1, **attrs):

@@ -10,6 +10,7 @@ from jax.test_util import check_grads
 import onnxtrain
 from nodes import assert_matches_reference, node_model
 from onnxtrain.lower import losses
+from nodes import run_outputs as run
 
 rng = np.random.default_rng(0)
 
@@ -41,12 +42,6 @@ def numpy_loss(log_prob, labels, weights=None, reduction="mean", ignore_index=No
 def log_softmax(x):
     shifted = x - x.max(axis=1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-
-
-def run(model, feeds):
-    engine = onnxtrain.load(model, check=False)
-    out = engine.infer(feeds)
-    return [np.asarray(out[n]) for n in engine.output_names]
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])

@@ -14,6 +14,7 @@ from nodes import assert_matches_reference, node_model
 from onnxtrain.lower import normalization as norm
 from training_models import model as training_model
 from training_models import tensor, vi
+from nodes import run_outputs as run
 
 rng = np.random.default_rng(0)
 
@@ -44,12 +45,6 @@ def numpy_batch_norm(x, scale, bias, mean, var, epsilon=1e-5, axes=(0, 2, 3)):
     shape[1] = -1
     r = lambda v: np.reshape(v, shape)  # noqa: E731
     return (x - r(mean)) / np.sqrt(r(var) + epsilon) * r(scale) + r(bias)
-
-
-def run(model, feeds):
-    engine = onnxtrain.load(model, check=False)
-    out = engine.infer(feeds)
-    return [np.asarray(out[n]) for n in engine.output_names]
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])

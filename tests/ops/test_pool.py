@@ -14,6 +14,7 @@ import onnxtrain
 from nodes import assert_matches_reference, node_model, run_both
 from onnxtrain.errors import NodeError
 from test_conv import assert_gradient_matches_reference, lowering
+from nodes import run_outputs as run
 
 # MaxUnpool's output_shape fed as a graph input is compiled in as a constant, with a warning: expected here
 pytestmark = pytest.mark.filterwarnings("ignore:.*compiled in as constants")
@@ -23,12 +24,6 @@ RNG = np.random.default_rng(1)
 
 def rand(*shape, dtype=np.float32):
     return RNG.standard_normal(shape).astype(dtype)
-
-
-def run(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-    engine = onnxtrain.load(model, check=False)
-    got = engine.infer(inputs)
-    return [np.asarray(got[name]) for name in engine.output_names]
 
 
 POOL_GEOMETRIES = [

@@ -9,14 +9,9 @@ from onnx import TensorProto, helper
 import onnxtrain
 from nodes import assert_matches_reference, node_model, run_both
 from onnxtrain.errors import NodeError
+from nodes import run_with_engine as run
 
 T = TensorProto
-
-
-def run(model, feeds):
-    engine = onnxtrain.load(model, check=False)
-    outputs = engine.infer(feeds)
-    return [np.asarray(outputs[name]) for name in engine.output_names], engine
 
 
 def assert_same(ours, theirs):

@@ -13,6 +13,7 @@ import onnxtrain
 from onnxtrain.dtypes import onnx_type
 from onnxtrain.lower.graph import Runtime, run_graph
 from onnxtrain.model import build_graph, model_resolver
+from nodes import run_outputs as run
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 DEFAULT_ACTIVATIONS = {"RNN": ["tanh"], "GRU": ["sigmoid", "tanh"], "LSTM": ["sigmoid", "tanh", "tanh"]}
@@ -130,12 +131,6 @@ def rnn_model(op, feeds, opset=22, n_outputs=None, **attrs):
         [helper.make_value_info(o, helper.TypeProto()) for o in outputs],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-
-
-def run(model, feeds):
-    engine = onnxtrain.load(model, check=False)
-    got = engine.infer(feeds)
-    return [np.asarray(got[n]) for n in engine.output_names]
 
 
 def expected(op, feeds, **attrs):

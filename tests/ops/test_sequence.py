@@ -10,21 +10,10 @@ from onnx.reference import ReferenceEvaluator
 
 import onnxtrain
 from onnxtrain.errors import NodeError
+from nodes import value as info, graph_model as model
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 OPSET = 21
-
-
-def info(name, elem_type, shape=None):
-    return helper.make_tensor_value_info(name, elem_type, shape)
-
-
-def model(nodes, inputs, outputs, initializers=(), opset=OPSET):
-    graph = helper.make_graph(
-        nodes, "g", inputs, [helper.make_value_info(o, helper.TypeProto()) for o in outputs],
-        [numpy_helper.from_array(v, n) for n, v in dict(initializers).items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def flat(values):

@@ -13,6 +13,7 @@ import onnxtrain
 from nodes import node_model, run_both
 from onnxtrain.errors import NodeError
 from onnxtrain.lower import shape as shape_ops
+from nodes import run_with_engine as run
 
 BIG = 2**53 + 1  # an int64 that cannot pass through a float64 unchanged
 INT64_MAX, INT64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
@@ -23,12 +24,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*compiled in as constants")
 
 def ints(*values):
     return np.array(values, dtype=np.int64)
-
-
-def run(model, feeds):
-    engine = onnxtrain.load(model, check=False)
-    outputs = engine.infer(feeds)
-    return [np.asarray(outputs[name]) for name in engine.output_names], engine
 
 
 def assert_exact(op_type, inputs, n_outputs=1, **attrs):

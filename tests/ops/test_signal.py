@@ -13,16 +13,11 @@ import onnxtrain
 from nodes import assert_matches_reference, node_model, run_both
 from onnxtrain.dtypes import onnx_type
 from onnxtrain.lower import signal
+from nodes import run_with_engine as run
 
 T = TensorProto
 # Windows and MelWeightMatrix take their sizes as graph inputs here: the engine compiles them in, and says so.
 pytestmark = pytest.mark.filterwarnings("ignore:.*compiled in as constants:UserWarning")
-
-
-def run(model, feeds):
-    engine = onnxtrain.load(model, check=False)
-    outputs = engine.infer(feeds)
-    return [np.asarray(outputs[name]) for name in engine.output_names], engine
 
 
 def as_onnx(z):

@@ -7,12 +7,7 @@ import pytest
 import onnxtrain
 from nodes import node_model, run_both
 from onnxtrain.errors import NodeError
-
-
-def run(model, feeds):
-    engine = onnxtrain.load(model, check=False)
-    outputs = engine.infer(feeds)
-    return [np.asarray(outputs[name]) for name in engine.output_names], engine
+from nodes import run_with_engine as run
 
 
 def strings(*values):
