@@ -99,11 +99,17 @@ class Engine:
 
     # ----- the pure bodies (traced once per signature) -----
 
-    def _main_scope(self, state, consts, feeds, static_feeds) -> Scope:
-        return Scope({**self._main_static, **consts, **state, **static_feeds, **feeds})
+    @staticmethod
+    def _scope(*initializers: Mapping[str, Any], feeds: Mapping[str, Any]) -> Scope:
+        """Initializers first, then feeds: a fed input overrides the initializer of the same name (its default)."""
+        values: dict[str, Any] = {}
+        for group in initializers:
+            values.update(group)
+        values.update(feeds)
+        return Scope(values)
 
     def _infer_body(self, state, consts, key, feeds, static_feeds):
-        scope = self._main_scope(state, consts, feeds, static_feeds)
+        scope = self._scope(self._main_static, consts, state, feeds={**static_feeds, **feeds})
         run_nodes(self.graph.nodes, scope, Runtime(key, self.functions))
         return {}, {o.name: scope[o.name] for o in self.graph.outputs}
 
@@ -113,8 +119,8 @@ class Engine:
 
         def body(carry, consts, algorithm_consts, key, feeds, static_feeds):
             state, step = carry
-            scope = self._main_scope(state, consts, feeds, static_feeds)
-            scope.values.update({**self._algorithm_static[algorithm.index], **algorithm_consts})
+            scope = self._scope(self._main_static, consts, self._algorithm_static[algorithm.index], algorithm_consts,
+                                state, feeds={**static_feeds, **feeds})
             runtime = Runtime(jax.random.fold_in(key, step), self.functions, training=True, step=step)
             run_nodes(nodes, scope, runtime)
             # An output bound to state is the new state itself; returning it again would cost a copy per step.

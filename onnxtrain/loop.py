@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
+from .authoring import LEARNING_RATE
 from .engine import Engine
 from .errors import FeedError
 
@@ -39,8 +41,12 @@ def loss_output(engine: Engine, algorithm: int = 0) -> str | None:
 
 @dataclass
 class History:
+    """Loss at the logged steps, and whatever `evaluate` returned at the evaluated ones."""
+
     steps: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+    eval_steps: list[int] = field(default_factory=list)
+    metrics: list[dict[str, float]] = field(default_factory=list)
 
 
 def fit(
@@ -51,11 +57,22 @@ def fit(
     loss: str | None = None,
     log_every: int = 10,
     progress: bool = True,
+    learning_rate: float | Callable[[int], float] | None = None,
+    evaluate: Callable[[Engine], Mapping[str, float]] | None = None,
+    eval_every: int = 100,
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 1000,
 ) -> History:
-    """Run `steps` train steps over `batches`. The loss is read back (a host sync) every `log_every` steps."""
+    """Run `steps` train steps over `batches`. The loss is read back (a host sync) every `log_every` steps.
+
+    `learning_rate`: a value or a schedule `step -> rate`, fed as the algorithm input `learning_rate` (what
+    make_trainable declares; a 0-d float32 feed, so a new rate never recompiles). `evaluate(engine)` runs every
+    `eval_every` steps (use `engine.infer` inside it); `checkpoint` is exported every `checkpoint_every` steps
+    and at the end."""
     from tqdm.auto import tqdm
 
     loss = loss or loss_output(engine, algorithm)
+    schedule = learning_rate if callable(learning_rate) or learning_rate is None else (lambda _: learning_rate)
     history = History()
     iterator = iter(batches)
     first = next(iterator, None)
@@ -68,12 +85,20 @@ def fit(
         batch = next(iterator, None)
         if batch is None:
             break
+        if schedule is not None:
+            batch = {**batch, LEARNING_RATE: np.float32(schedule(engine.step_count))}
         outputs = engine.train_step(batch, algorithm=algorithm)
-        if loss is not None and (step % log_every == 0 or step == steps - 1):
+        last = step == steps - 1
+        if loss is not None and (step % log_every == 0 or last):
             value = float(outputs[loss])
             history.steps.append(step)
             history.losses.append(value)
             bar.set_postfix({loss: f"{value:.5f}"})
+        if evaluate is not None and ((step + 1) % eval_every == 0 or last):
+            history.eval_steps.append(step)
+            history.metrics.append(dict(evaluate(engine)))
+        if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or last):
+            engine.export(checkpoint)
         bar.update(1)
     bar.close()
     return history

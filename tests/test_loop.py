@@ -1,0 +1,44 @@
+"""fit: schedules fed as the learning_rate input, evaluation callbacks, checkpoints, loss history."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxtrain
+
+
+def linear_sgd() -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])], "lin",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 1])],
+        [numpy_helper.from_array(np.zeros((2, 1), np.float32), "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=0.5)
+
+
+def test_schedule_evaluation_and_checkpoint(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 2)).astype(np.float32)
+    t = (x @ np.array([[1.0], [-3.0]])).astype(np.float32)
+    engine = onnxtrain.load(linear_sgd())
+    rates = [0.1 * 0.5**step for step in range(6)]
+    history = onnxtrain.fit(
+        engine, onnxtrain.array_batches({"X": x, "target": t}, shuffle=False), steps=6, log_every=1,
+        progress=False, learning_rate=lambda step: rates[step],
+        evaluate=lambda e: {"mse": float(np.mean((np.asarray(e.infer({"X": x})["Y"]) - t) ** 2))}, eval_every=3,
+        checkpoint=tmp_path / "ckpt.onnx", checkpoint_every=4,
+    )
+    w = np.zeros((2, 1))
+    for rate in rates:  # plain SGD on mean squared error, by hand
+        w = w - rate * 2 * x.T @ (x @ w - t) / len(x)
+    np.testing.assert_allclose(np.asarray(engine.state["W"]), w, rtol=1e-5)
+    assert history.steps == list(range(6)) and len(history.losses) == 6
+    assert history.eval_steps == [2, 5]
+    np.testing.assert_allclose(history.metrics[-1]["mse"], np.mean((x @ w - t) ** 2), rtol=1e-4)
+    saved = {i.name: numpy_helper.to_array(i) for i in onnx.load(tmp_path / "ckpt.onnx").graph.initializer}
+    np.testing.assert_array_equal(saved["W"], np.asarray(engine.state["W"]))
+    assert engine.trace_count == 2  # one train step compile for six different rates, one infer compile
