@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from ..errors import NodeError
 from .graph import NodeContext, Scope, run_node
 from .registry import TRAINING_DOMAIN, op
+from .values import is_static
 
 
 def differentiated_slice(ctx: NodeContext, sources: set[str], y: str) -> list[int]:
@@ -69,9 +70,17 @@ def gradient(*inputs, xs: Sequence[str], y: str, zs: Sequence[str] = (), ctx: No
         scope = Scope({**dict(zip(xs, x_values)), **z_values}, ctx.scope)
         for i in positions:
             run_node(ctx.siblings[i], scope, ctx.runtime, ctx.siblings, i)
-        return jnp.sum(scope[y])
+        traced = {name: v for name, v in scope.values.items() if name not in xs and not is_static(v)}
+        return jnp.sum(scope[y]), traced
 
-    return tuple(jax.grad(y_of)([jnp.asarray(x) for x in inputs[: len(xs)]]))
+    x_values = [jnp.asarray(x) for x in inputs[: len(xs)]]
+    total, pullback, recomputed = jax.vjp(y_of, x_values, has_aux=True)
+    if all(value is ctx.scope[name] for name, value in zip(xs + zs, inputs) if name in ctx.scope):
+        # Evaluated at the graph's own xs/zs, the re-run forward values equal the ones already computed: use
+        # them from here on, so the first forward pass becomes dead code XLA drops (it cannot merge two copies
+        # of a while loop, e.g. an LSTM, by itself).
+        ctx.scope.values.update(recomputed)
+    return tuple(pullback(jnp.ones_like(total))[0])
 
 
 def split_groups(ctx: NodeContext, tensors: Sequence, groups: int) -> list[tuple]:

@@ -1,0 +1,160 @@
+"""The peers of one benchmark model: onnxtrain, hand-written JAX + optax, PyTorch eager and ONNX Runtime.
+
+Each peer is a pair of zero-argument callables (a train step, an inference) that return only once the work is
+done, so a wall-clock timer around one call measures that call. Every peer gets the same batch, already where it
+computes from (device arrays for JAX and onnxtrain, tensors for PyTorch, NumPy for ONNX Runtime), so no peer
+pays a host-to-device copy the others do not.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnxruntime
+import optax
+import torch
+
+import onnxtrain
+from models import CLASSES, Bench
+
+# First calls are cold compiles: JAX's persistent cache, which onnxtrain turns on by default, would make a second
+# run of a benchmark read them back (benchmarks/compile_cache.py measures that warm case).
+os.environ["ONNXTRAIN_CACHE_DIR"] = ""
+jax.config.update("jax_enable_compilation_cache", False)
+
+LR, BETA1, BETA2, EPS = 1e-3, 0.9, 0.999, 1e-6
+Call = Callable[[], Any]
+
+
+@dataclass
+class Peer:
+    train: Call | None  # one optimizer step on the batch (None: the peer cannot train)
+    infer: Call  # logits of the batch
+    state_bytes: int  # parameters + optimizer state held between train steps
+
+
+@dataclass(frozen=True)
+class Batch:
+    x: np.ndarray  # float32 [N, *input_shape]
+    y: np.ndarray  # int64 class labels [N]
+
+
+def make_batch(bench: Bench, batch: int, seed: int = 0) -> Batch:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(batch, *bench.input_shape)).astype(np.float32)
+    return Batch(x, rng.integers(0, CLASSES, size=batch).astype(np.int64))
+
+
+def nbytes(tree: Any) -> int:
+    return sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(tree))
+
+
+def onnxtrain_peer(bench: Bench, data: Batch) -> Peer:
+    """make_trainable(cross_entropy, adam) for the train step; the plain inference model for infer."""
+    trainable = onnxtrain.make_trainable(bench.model, loss="cross_entropy", optimizer="adam", learning_rate=LR,
+                                         alpha=BETA1, beta=BETA2, epsilon=EPS)
+    trainer, inferer = onnxtrain.load(trainable), onnxtrain.load(bench.model)
+    with jax.enable_x64(True):  # the ONNX label dtype is int64; outside x64 mode JAX would make it int32
+        x, y = jax.device_put(data.x), jax.device_put(data.y)
+    return Peer(train=lambda: jax.block_until_ready(trainer.train_step({"X": x, "target": y})),
+                infer=lambda: jax.block_until_ready(inferer.infer({"X": x})), state_bytes=nbytes(dict(trainer.state)))
+
+
+def jax_peer(bench: Bench, data: Batch) -> Peer:
+    """What a JAX user writes: one jitted value_and_grad + optax.adam step, parameters and moments donated."""
+    optimizer = optax.adam(LR, b1=BETA1, b2=BETA2, eps=EPS)
+
+    def loss_fn(params: dict, x: jax.Array, y: jax.Array) -> jax.Array:
+        return optax.softmax_cross_entropy_with_integer_labels(bench.forward(params, x), y).mean()
+
+    @jax.jit
+    def infer(params: dict, x: jax.Array) -> jax.Array:
+        return bench.forward(params, x)
+
+    def step(params: dict, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple:
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    train_step = jax.jit(step, donate_argnums=(0, 1))
+    params = {k: jnp.asarray(v) for k, v in bench.params.items()}
+    frozen = {k: jnp.asarray(v) for k, v in bench.params.items()}  # infer's own copy: train donates `params`
+    state = {"params": params, "opt": optimizer.init(params)}
+    x, y = jnp.asarray(data.x), jnp.asarray(data.y.astype(np.int32))
+
+    def train() -> jax.Array:
+        state["params"], state["opt"], loss = train_step(state["params"], state["opt"], x, y)
+        return jax.block_until_ready(loss)
+
+    return Peer(train=train, infer=lambda: jax.block_until_ready(infer(frozen, x)), state_bytes=nbytes(state))
+
+
+def torch_peer(bench: Bench, data: Batch) -> Peer:
+    """PyTorch eager: a module copy (training changes it), cross_entropy, torch.optim.Adam with its defaults."""
+    trained = copy.deepcopy(bench.module)
+    optimizer = torch.optim.Adam(trained.parameters(), lr=LR, betas=(BETA1, BETA2), eps=EPS)
+    x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
+
+    def train() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(trained(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    def infer() -> torch.Tensor:
+        with torch.no_grad():
+            return bench.module(x)
+
+    state = sum(p.numel() * p.element_size() * 3 for p in trained.parameters())  # weights + Adam's two moments
+    return Peer(train=train, infer=infer, state_bytes=state)
+
+
+def ort_peer(bench: Bench, data: Batch) -> Peer:
+    """ONNX Runtime's InferenceSession on the inference model, CPU provider, default session options."""
+    session = onnxruntime.InferenceSession(bench.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {"X": data.x}
+    return Peer(train=None, infer=lambda: session.run(None, feeds), state_bytes=0)
+
+
+PEERS: dict[str, Callable[[Bench, Batch], Peer]] = {
+    "onnxtrain": onnxtrain_peer, "jax": jax_peer, "torch": torch_peer, "ort": ort_peer,
+}
+
+
+def first_call(call: Call) -> float:
+    """Seconds of the first call: for the jitted peers, tracing and compiling plus one run."""
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def interleaved(calls: dict[Any, Call], steps: int, rounds: int, settle: float = 0.05) -> dict[Any, float]:
+    """Median seconds per call of each callable over `steps` calls, made in `rounds` rounds that alternate
+    between the callables (and rotate which goes first), so drift on the machine hits all of them alike.
+
+    Before each callable's turn the process sleeps `settle` seconds (PyTorch's OpenMP and ONNX Runtime's workers
+    spin-wait after their last call, and on a small machine a spinning core would slow whoever runs next), then
+    makes one untimed call, which pays for the caches the previous callable evicted.
+    """
+    times: dict[Any, list[float]] = {name: [] for name in calls}
+    names = list(calls)
+    per_round = max(1, steps // rounds)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            call = calls[name]
+            time.sleep(settle)
+            call()
+            for _ in range(per_round):
+                start = time.perf_counter()
+                call()
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}

@@ -1,0 +1,266 @@
+"""The benchmark suite: onnxtrain against hand-written JAX + optax, PyTorch eager and ONNX Runtime.
+
+    python benchmarks/run.py [--steps 200] [--batch 64] [--models mlp,cnn,transformer,lstm] [--quick] [--write]
+
+Everything is timed in this one process, in rounds that alternate between the peers. Peak memory is measured in
+child processes (one per model and peer) because a process's peak RSS cannot be shared. `--write` puts the table,
+the machine and the command into benchmarks/README.md. See that file for what each row means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import onnxruntime
+import optax
+import torch
+from onnx import TensorProto, helper
+
+sys.path.insert(0, str(Path(__file__).parent))
+import onnxtrain  # noqa: E402
+from models import MODELS, build  # noqa: E402
+from peers import PEERS, first_call, interleaved, make_batch  # noqa: E402
+
+HERE = Path(__file__).parent
+README = HERE / "README.md"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+COLUMNS = {"onnxtrain": "onnxtrain", "jax": "JAX", "torch": "PyTorch", "ort": "ORT"}
+PEER_ORDER = list(COLUMNS)
+
+
+@dataclass
+class Row:
+    model: str
+    measure: str
+    values: dict[str, float]  # peer -> number, in the measure's unit
+    notes: dict[str, str] = field(default_factory=dict)  # peer -> text shown after the number
+
+    def cells(self) -> list[str]:
+        shown = [fmt(self.values[p]) + self.notes.get(p, "") if p in self.values else "–" for p in PEER_ORDER]
+        ours = self.values.get("onnxtrain")
+        ratios = [f"{ours / self.values[p]:.2f}" if ours is not None and self.values.get(p) else "–"
+                  for p in PEER_ORDER[1:]]
+        return [self.model, self.measure, *shown, *ratios]
+
+
+def fmt(value: float) -> str:
+    """Three significant digits without an exponent."""
+    for limit, digits in ((100, 0), (10, 1), (1, 2)):
+        if abs(value) >= limit:
+            return f"{value:.{digits}f}"
+    return f"{value:.3f}"
+
+
+def table(rows: list[Row]) -> str:
+    header = ["model", "measurement", *COLUMNS.values(), *(f"÷ {name}" for name in list(COLUMNS.values())[1:])]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 2 + "---:|" * (len(header) - 2)]
+    return "\n".join(lines + ["| " + " | ".join(row.cells()) + " |" for row in rows])
+
+
+# ----- measurements ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    steps: int  # timed calls per peer and measurement
+    rounds: int  # alternations between the peers
+    warmup: int  # untimed calls per peer after the first
+    memory_steps: int  # train steps the memory child runs after its peak is reset
+    dispatch_calls: int  # calls per peer of the tiny model
+    batch: int
+
+
+def model_rows(name: str, plan: Plan) -> list[Row]:
+    """Train step and inference medians of every peer, and first-call times of onnxtrain and JAX."""
+    bench = build(name)
+    data = make_batch(bench, plan.batch)
+    peers = {peer: make(bench, data) for peer, make in PEERS.items()}
+    # onnxtrain compiles first: what one compile leaves in JAX's in-process caches (jnp's own jitted helpers)
+    # then favours the JAX peer, never onnxtrain
+    first = {(kind, peer): first_call(getattr(peers[peer], kind)) for peer in ("onnxtrain", "jax")
+             for kind in ("train", "infer")}
+    calls = {(kind, peer): getattr(p, kind) for peer, p in peers.items() for kind in ("train", "infer")
+             if getattr(p, kind) is not None}
+    for key, call in calls.items():
+        for _ in range(plan.warmup + (0 if key in first else 1)):  # torch and ORT: their first call untimed
+            call()
+    median = interleaved(calls, plan.steps, plan.rounds)
+    rows = []
+    for kind, label in (("train", "train step (ms)"), ("infer", "infer (ms)")):
+        rows.append(Row(name, label, {p: median[(k, p)] * 1e3 for k, p in median if k == kind}))
+    for kind, label in (("train", "first call, train step (s)"), ("infer", "first call, infer (s)")):
+        rows.append(Row(name, label, {p: first[(k, p)] for k, p in first if k == kind}))
+    return rows
+
+
+def memory_rows(name: str, plan: Plan) -> list[Row]:
+    """Peak RSS increase over a run of train steps, measured in a fresh child process per peer."""
+    values, notes = {}, {}
+    for peer in ("onnxtrain", "jax"):
+        command = [sys.executable, __file__, "--memory-child", f"{name}:{peer}", "--batch", str(plan.batch),
+                   "--steps", str(plan.memory_steps)]
+        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **MALLOC_ENV})
+        if done.returncode:
+            raise RuntimeError(f"memory child {name}:{peer} failed:\n{done.stderr[-2000:]}")
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        values[peer] = result["increase"] / 2**20
+        notes[peer] = f" ({result['increase'] / result['state']:.1f}× state)"
+    state_mb = result["state"] / 2**20
+    return [Row(name, f"train peak RSS increase (MB; state {fmt(state_mb)} MB)", values, notes)]
+
+
+# glibc keeps freed blocks below its (adaptive) mmap threshold resident, so after a few steps the RSS would
+# already include every transient buffer and the peak would not rise. A fixed small threshold makes each
+# buffer of 64 KiB or more its own mapping, returned on free: RSS then follows what is live.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+
+
+def proc_status_kib(key: str) -> int:
+    return int(re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M).group(1))
+
+
+def memory_child(spec: str, batch: int, steps: int) -> None:
+    """Prints {"state": bytes, "increase": bytes}: the peak RSS over `steps` train steps minus the settled RSS
+    before them, that is the memory one step allocates beyond the state it keeps (XLA's temporaries and any
+    output that does not reuse a donated buffer). Compiling and three steps come first, so compile-time memory
+    is not counted."""
+    name, peer_name = spec.split(":")
+    bench = build(name)
+    peer = PEERS[peer_name](bench, make_batch(bench, batch))
+    for _ in range(3):
+        peer.train()
+    gc.collect()
+    time.sleep(0.5)  # XLA frees a step's temporaries on its own threads, a little after the step returns
+    before = proc_status_kib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+    for _ in range(steps):
+        peer.train()
+        time.sleep(0.02)  # let this step's temporaries go before the next: the peak is one step's, not two
+    increase = (proc_status_kib("VmHWM") - before) * 1024
+    print(json.dumps({"state": peer.state_bytes, "increase": increase}))
+
+
+def warm_up() -> None:
+    """Compile one small value_and_grad + optax step, so that what JAX initializes on its first compile is not
+    billed to whichever peer happens to compile first."""
+    optimizer = optax.adam(1e-3)
+    params = {"w": jnp.ones((4, 4))}
+
+    @jax.jit
+    def step(params: dict, opt_state: Any) -> tuple:
+        grads = jax.grad(lambda p: jnp.sum(jnp.tanh(p["w"] @ p["w"])))(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    jax.block_until_ready(step(params, optimizer.init(params)))
+
+
+def dispatch_rows(plan: Plan) -> list[Row]:
+    """Per-call time of onnxtrain infer on one Add of two [4] tensors against a bare jax.jit of the same."""
+    x = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Add", ["A", "B"], ["C"])], "add",
+                              [x("A", TensorProto.FLOAT, [4]), x("B", TensorProto.FLOAT, [4])],
+                              [x("C", TensorProto.FLOAT, [4])])
+    engine = onnxtrain.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    add = jax.jit(lambda a, b: a + b)
+    a, b = jnp.arange(4, dtype=jnp.float32), jnp.ones(4, jnp.float32)
+    calls = {"onnxtrain": lambda: jax.block_until_ready(engine.infer({"A": a, "B": b})),
+             "jax": lambda: jax.block_until_ready(add(a, b))}
+    for call in calls.values():
+        for _ in range(max(10, plan.warmup)):
+            call()
+    median = {peer: seconds * 1e6 for peer, seconds in interleaved(calls, plan.dispatch_calls, plan.rounds).items()}
+    return [Row("add [4]", "infer per call (µs)", median),
+            Row("add [4]", "dispatch overhead (µs, onnxtrain − jax.jit)", {"onnxtrain": median["onnxtrain"]
+                                                                            - median["jax"]})]
+
+
+# ----- report --------------------------------------------------------------------------------------------------
+
+
+def machine() -> str:
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    found = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
+    cpu = found.group(1).strip() if found else platform.processor() or platform.machine()
+    return (f"{cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, jax {jax.__version__}, "
+            f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, onnxtrain "
+            f"{getattr(onnxtrain, '__version__', '?')}")
+
+
+def report(rows: list[Row], plan: Plan, argv: list[str], load: tuple[float, ...]) -> str:
+    return "\n".join([
+        f"Measured {datetime.date.today().isoformat()} on {machine()}; load average (1, 5, 15 min) at start "
+        f"{', '.join(f'{v:.2f}' for v in load)}.",
+        "",
+        f"Command: `python benchmarks/run.py{''.join(' ' + a for a in argv)}` (batch {plan.batch}, median of "
+        f"{plan.steps} calls per peer in {plan.rounds} interleaved rounds).",
+        "",
+        table(rows),
+    ])
+
+
+def write_readme(text: str) -> None:
+    """Replace what lies between the result markers of benchmarks/README.md (append them if absent)."""
+    current = README.read_text() if README.exists() else ""
+    block = f"{BEGIN}\n{text}\n{END}"
+    if BEGIN in current and END in current:
+        head, rest = current.split(BEGIN, 1)
+        updated = head + block + rest.split(END, 1)[1]
+    else:
+        updated = current.rstrip() + ("\n\n" if current else "") + block + "\n"
+    README.write_text(updated)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    args = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    args.add_argument("--steps", type=int, help="timed calls per peer (default 200, --quick 10)")
+    args.add_argument("--batch", type=int, default=64)
+    args.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
+    args.add_argument("--quick", action="store_true", help="a smoke run: few steps, numbers not meaningful")
+    args.add_argument("--write", action="store_true", help="update the table in benchmarks/README.md")
+    args.add_argument("--memory-child", help=argparse.SUPPRESS)  # MODEL:PEER, run by memory_rows
+    opts = args.parse_args(argv)
+    unknown = set(opts.models.split(",")) - set(MODELS)
+    if unknown:
+        args.error(f"unknown model(s) {sorted(unknown)}; choose from {','.join(MODELS)}")
+    return opts
+
+
+def main(argv: list[str]) -> None:
+    opts = parse(argv)
+    if opts.memory_child:
+        memory_child(opts.memory_child, opts.batch, opts.steps)
+        return
+    load = os.getloadavg()  # before this run adds its own
+    steps = opts.steps or (10 if opts.quick else 200)
+    plan = Plan(steps=steps, rounds=2 if opts.quick else 20, warmup=1 if opts.quick else 5,
+                memory_steps=3 if opts.quick else 20, dispatch_calls=steps * 10, batch=opts.batch)
+    print(f"# {machine()}", flush=True)
+    warm_up()
+    rows = dispatch_rows(plan)
+    for name in opts.models.split(","):
+        print(f"# measuring {name} ...", flush=True)
+        rows += model_rows(name, plan) + memory_rows(name, plan)
+    text = report(rows, plan, argv, load)
+    print(text)
+    if opts.write:
+        write_readme(text)
+        print(f"# wrote {README.name}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

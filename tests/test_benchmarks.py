@@ -1,0 +1,26 @@
+"""The benchmark suite still runs end to end (a smoke run: it checks the table is printed, never the numbers)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_run_quick_prints_the_table():
+    command = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--models", "mlp", "--steps", "4"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "| model | measurement | onnxtrain | JAX | PyTorch | ORT |" in out
+    for measurement in ("train step (ms)", "infer (ms)", "first call, train step (s)", "first call, infer (s)",
+                        "train peak RSS increase"):
+        assert f"| mlp | {measurement}" in out, out
+    assert "dispatch overhead (µs" in out
