@@ -45,25 +45,26 @@ def test_export_is_valid_and_onnxruntime_matches_infer(tmp_path):
     np.testing.assert_allclose(ort_y, np.asarray(engine.infer({"X": X})["Y"]), rtol=1e-5, atol=1e-6)
 
 
-def test_exported_model_resumes_bit_for_bit(tmp_path):
+def resume_from_export(engine: onnxtrain.Engine, folder) -> onnxtrain.Engine:
+    engine.export(folder / "ckpt.onnx")
+    return onnxtrain.load(folder / "ckpt.onnx")
+
+
+def resume_from_state(engine: onnxtrain.Engine, folder) -> onnxtrain.Engine:
+    engine.save_state(folder / "state.npz")
+    resumed = onnxtrain.load(mlp_adam(mlp_params(), lr=0.01))
+    resumed.load_state(folder / "state.npz")
+    return resumed
+
+
+@pytest.mark.parametrize("resume", [resume_from_export, resume_from_state], ids=["onnx", "npz"])
+def test_checkpoint_resumes_bit_for_bit(tmp_path, resume):
+    """N steps, checkpoint, M more in a fresh engine == N + M uninterrupted (optimizer state and step count
+    travel with the checkpoint)."""
     uninterrupted = trained(7)
-    first = trained(4)
-    first.export(tmp_path / "ckpt.onnx")
-    resumed = onnxtrain.load(tmp_path / "ckpt.onnx")
+    resumed = resume(trained(4), tmp_path)
     assert resumed.step_count == 4
     for _ in range(3):
-        resumed.train_step({"X": X, "Target": T})
-    for name, value in uninterrupted.state.items():
-        np.testing.assert_array_equal(np.asarray(resumed.state[name]), np.asarray(value), err_msg=name)
-
-
-def test_state_checkpoint_resumes_bit_for_bit(tmp_path):
-    uninterrupted = trained(6)
-    first = trained(2)
-    first.save_state(tmp_path / "state.npz")
-    resumed = onnxtrain.load(mlp_adam(mlp_params(), lr=0.01))
-    resumed.load_state(tmp_path / "state.npz")
-    for _ in range(4):
         resumed.train_step({"X": X, "Target": T})
     for name, value in uninterrupted.state.items():
         np.testing.assert_array_equal(np.asarray(resumed.state[name]), np.asarray(value), err_msg=name)
