@@ -170,7 +170,7 @@ class LoopRun:
         cond = np.array(True) if self.cond is None else self.static_input(1, "cond", reason)
         i, per_step = 0, []
         while truth(cond) and (limit is None or i < limit):
-            new_cond, carried, ys = self.split(self.body(np.array(i, np.int64), cond, *carried))
+            new_cond, carried, ys = self.split(self.body(np.array(i, np.int64), cond, *carried, iteration=i))
             per_step.append(ys)
             i += 1
             if self.cond is None:
@@ -219,7 +219,7 @@ class LoopRun:
         cond_in = np.array(True)
 
         def step(carry: list, i: jax.Array) -> tuple[list, list]:
-            new_cond, carry, ys = self.split(self.body(i, cond_in, *carry))
+            new_cond, carry, ys = self.split(self.body(i, cond_in, *carry, iteration=i))
             if self.cond is not None and not (is_static(new_cond) and truth(new_cond)):
                 raise CondVaries()
             return carry, ys
@@ -241,7 +241,7 @@ class LoopRun:
 
         def step(state: tuple) -> tuple:
             i, c, v = state
-            new_cond, v, _ = self.split(self.body(i, c, *v))
+            new_cond, v, _ = self.split(self.body(i, c, *v, iteration=i))
             if signature(v) != expected:
                 raise Unstructured("carried values change shape or type between iterations")
             c = jnp.reshape(new_cond, c.shape).astype(c.dtype) if self.cond is not None else c
@@ -278,8 +278,11 @@ def run_scan(body: Subgraph, states: list, xs: list, length: int) -> tuple[list,
     n_state = len(states)
 
     def step(carry: list, x: list) -> tuple[list, list]:
-        outputs = body(*carry, *x)
+        index, *x = x
+        outputs = body(*carry, *x, iteration=index)
         return outputs[:n_state], outputs[n_state:]
+
+    xs = [np.arange(length, dtype=np.int64), *xs]
 
     if length == 0:
         return lax_scan(step, states, xs, 0)  # nothing to unroll: the trace alone gives the output shapes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
@@ -90,8 +91,12 @@ class Subgraph:
     def output_names(self) -> list[str]:
         return [o.name for o in self.graph.outputs]
 
-    def __call__(self, *args: Value) -> list[Value]:
-        return run_graph(self.graph, list(args), self.runtime, outer=self.scope)
+    def __call__(self, *args: Value, iteration: Value = None) -> list[Value]:
+        """Run the body; a loop passes its `iteration` so random ops draw fresh numbers on every iteration."""
+        runtime = self.runtime
+        if iteration is not None:
+            runtime = dataclasses.replace(runtime, key=jax.random.fold_in(runtime.key, iteration))
+        return run_graph(self.graph, list(args), runtime, outer=self.scope)
 
 
 def run_graph(graph: "Graph", args: Sequence[Value], runtime: Runtime, outer: Scope | None = None) -> list[Value]:

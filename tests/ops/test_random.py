@@ -54,3 +54,22 @@ def test_multinomial_frequencies_follow_the_softmax_of_the_logits():
     x = run("Multinomial", {"logits": np.log(probabilities).astype(np.float32)}, sample_size=30000)
     assert x.shape == (1, 30000) and x.dtype == np.int32
     np.testing.assert_allclose(np.bincount(x[0], minlength=3) / 30000, probabilities[0], atol=0.01)
+
+
+def test_random_op_inside_a_loop_draws_fresh_numbers_each_iteration():
+    from onnx import helper
+
+    from nodes import graph_model, run_outputs, value
+
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("RandomUniform", [], ["draw"], shape=[3])],
+        "body",
+        [value("i", TensorProto.INT64, []), value("cond_in", TensorProto.BOOL, [])],
+        [value("cond_out", TensorProto.BOOL, []), value("draw", TensorProto.FLOAT, [3])],
+    )
+    model = graph_model([helper.make_node("Loop", ["M", ""], ["draws"], body=body)],
+                        [value("M", TensorProto.INT64, [])], ["draws"])
+    (draws,) = run_outputs(model, {"M": np.array(4, np.int64)})
+    assert draws.shape == (4, 3)
+    assert len({tuple(row) for row in draws.tolist()}) == 4  # four different iterations, four different draws
