@@ -71,10 +71,11 @@ class Resolver:
     opsets: dict[str, int]
     functions: dict[tuple[str, str], onnx.FunctionProto]
     missing: list[tuple[str, str, int]] = field(default_factory=list)
+    checked: set[tuple[str, str]] = field(default_factory=set)  # local functions whose bodies were bound
 
     def with_opsets(self, opset_import) -> "Resolver":
         opsets = {canonical_domain(o.domain): o.version for o in opset_import}
-        return Resolver(opsets, self.functions, self.missing)
+        return Resolver(opsets, self.functions, self.missing, self.checked)
 
 
 def value_info(vi: onnx.ValueInfoProto) -> ValueInfo:
@@ -153,7 +154,9 @@ def build_node(
     opset = resolver.opsets.get(domain)
     function = resolver.functions.get((proto.domain, proto.op_type))
     impl, since_version = None, None
-    if function is None:
+    if function is not None:
+        check_function_body((proto.domain, proto.op_type), resolver)
+    else:
         schema = schema_for(domain, proto.op_type, opset) if opset is not None else None
         if schema is not None:
             since_version = schema.since_version
@@ -198,12 +201,15 @@ def build_graph(proto: onnx.GraphProto, resolver: Resolver) -> Graph:
     )
 
 
-def check_function_bodies(resolver: Resolver) -> None:
-    """Bind the nodes of every model-local function once so their unsupported ops are reported at load."""
-    for function in resolver.functions.values():
-        inner = resolver.with_opsets(function.opset_import)
-        for node in function.node:
-            build_node(node, inner, caller_attributes=None)
+def check_function_body(key: tuple[str, str], resolver: Resolver) -> None:
+    """Bind a called model-local function's nodes once, so their unsupported ops are reported at load."""
+    if key in resolver.checked:
+        return
+    resolver.checked.add(key)
+    function = resolver.functions[key]
+    inner = resolver.with_opsets(function.opset_import)
+    for node in function.node:
+        build_node(node, inner, caller_attributes=None)
 
 
 def read_model(source: ModelSource) -> tuple[onnx.ModelProto, Path | None]:

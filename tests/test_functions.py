@@ -81,3 +81,17 @@ def test_schema_function_body_runs_an_op_without_its_lowering():
     run_node(dataclasses.replace(node, impl=None), scope, Runtime(jax.random.key(0)), [node], 0)
     expected = np.maximum(0, X) + np.minimum(0, 2.0 * (np.exp(X / 2.0) - 1))
     np.testing.assert_allclose(np.asarray(scope["y"]), expected, rtol=1e-6)
+
+
+def test_unsupported_op_inside_a_called_local_function_is_reported_at_load():
+    import pytest
+
+    from onnxtrain.errors import UnsupportedOpError
+
+    bad = helper.make_function(LOCAL, "Bad", ["x"], ["y"], [helper.make_node("Frobnicate", ["x"], ["y"], domain="x.y")],
+                               [helper.make_opsetid("x.y", 1)])
+    node = helper.make_node("Bad", ["x"], ["y"], domain=LOCAL)
+    model = model_with(node)
+    model.functions.append(bad)
+    with pytest.raises(UnsupportedOpError, match="x.y::Frobnicate"):
+        onnxtrain.load(model, check=False)
