@@ -92,10 +92,9 @@ class Engine:
         self._train_feeds = [feed_lists([self.graph, a.algorithm]) for a in self.algorithms]
         self._declared = {i.name: i for g in [self.graph] + [a.algorithm for a in self.algorithms] for i in g.inputs}
         self.matmul_precision = matmul_precision
-        self._infer = Program(self._infer_body, self.graph.nodes, {i.name for i in self.graph.inputs},
-                              matmul_precision=matmul_precision)
+        self._infer = Program(self._infer_body, self.graph.nodes, matmul_precision=matmul_precision)
         self._train = [self._train_program(a) for a in self.algorithms]
-        self._init = Program(self._init_body, (), set(), matmul_precision=matmul_precision)
+        self._init = Program(self._init_body, (), matmul_precision=matmul_precision)
 
     # ----- the pure bodies (traced once per signature) -----
 
@@ -115,7 +114,6 @@ class Engine:
 
     def _train_program(self, algorithm: Algorithm) -> Program:
         nodes = self.graph.nodes + algorithm.algorithm.nodes
-        inputs = {i.name for i in self.graph.inputs + algorithm.algorithm.inputs}
 
         def body(carry, consts, algorithm_consts, key, feeds, static_feeds):
             state, step = carry
@@ -131,7 +129,7 @@ class Engine:
             where = f"training_info[{algorithm.index}].update_binding"
             return (assign(state, algorithm.update_binding, scope.values, where), step + 1), outputs
 
-        return Program(body, nodes, inputs, donate=(0,), matmul_precision=self.matmul_precision)
+        return Program(body, nodes, donate=(0,), matmul_precision=self.matmul_precision)
 
     def _init_body(self, state, key, feeds, static_feeds):
         for algorithm in self.algorithms:

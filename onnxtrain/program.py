@@ -60,13 +60,12 @@ class Program:
     """
 
     def __init__(
-        self, body: Callable[..., Any], nodes: Sequence[Node], feed_names: set[str], donate: tuple = (),
+        self, body: Callable[..., Any], nodes: Sequence[Node], donate: tuple = (),
         matmul_precision: str = "highest",
     ):
         self.body = body
         self.matmul_precision = matmul_precision
         self.nodes = nodes
-        self.feed_names = feed_names
         self.donate = donate
         self.static_feeds: set[str] = set()
         self.cache: dict[tuple, Callable] = {}

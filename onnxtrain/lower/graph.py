@@ -84,10 +84,6 @@ class Subgraph:
         self.runtime = runtime
 
     @property
-    def input_names(self) -> list[str]:
-        return [i.name for i in self.graph.inputs]
-
-    @property
     def output_names(self) -> list[str]:
         return [o.name for o in self.graph.outputs]
 
