@@ -15,7 +15,7 @@ import numpy as np
 
 from .dtypes import host_only
 from .errors import StaticValueRequired
-from .model import Graph, Node
+from .model import Node
 
 
 def hashable(value: Any) -> Any:

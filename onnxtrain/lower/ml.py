@@ -1,4 +1,5 @@
-"""The ai.onnx.ml domain: preprocessing, encoders, maps, linear models and SVMs (tree ensembles: ml_trees.py).
+"""The ai.onnx.ml domain: preprocessing, encoders, maps (linear models and SVMs: ml_models.py; tree ensembles:
+ml_trees.py).
 
 Model parameters are attributes, hence static NumPy; the data they apply to may be traced and is handled with
 jax.numpy. Strings exist only on the host: an op whose input or output is a string tensor computes in NumPy,
@@ -13,7 +14,6 @@ tracers when its input is traced: a list of dicts is a pytree, so it can leave a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import jax
@@ -37,23 +37,23 @@ def _is_text(x: Value) -> bool:
     return isinstance(x, np.ndarray) and x.dtype.kind in "OUS"
 
 
-def _as_float(x: Value) -> Value:
+def as_float(x: Value) -> Value:
     """Scores are computed in float32 (as ONNX Runtime does) unless the input is float64."""
     x = x if isinstance(x, np.ndarray) else jnp.asarray(x)
     return x.astype(np.float64 if x.dtype == np.float64 else np.float32)
 
 
-def _rows(x: Value) -> Value:
+def as_rows(x: Value) -> Value:
     """A [F] input is one sample: [1, F]."""
     return x.reshape(1, -1) if x.ndim == 1 else x
 
 
-def _matmul(x: Value, weights: np.ndarray) -> Value:
+def matmul_weights(x: Value, weights: np.ndarray) -> Value:
     # Full precision: accelerators otherwise round float32 matmuls, which flips close classifier decisions.
     return jnp.matmul(x, jnp.asarray(weights, x.dtype), precision=lax.Precision.HIGHEST)
 
 
-def _floats(values: Sequence[float] | None, dtype: Any, default: Sequence[float] = ()) -> np.ndarray:
+def float_attr(values: Sequence[float] | None, dtype: Any, default: Sequence[float] = ()) -> np.ndarray:
     return np.asarray(default if values is None or len(values) == 0 else values, dtype=dtype)
 
 
@@ -71,7 +71,7 @@ def transform_scores(scores: Value, name: str) -> Value:
     if name == "SOFTMAX_ZERO":
         return _softmax_zero(scores)
     if name == "PROBIT":
-        return _probit(scores)
+        return probit(scores)
     raise ValueError(f"unknown post_transform {name!r}; expected one of {list(POST_TRANSFORMS)}")
 
 
@@ -83,7 +83,7 @@ def _softmax_zero(scores: Value) -> Value:
     return jnp.where(total == 0, jnp.asarray(0.5, scores.dtype), mass / jnp.where(total == 0, 1, total))
 
 
-def _probit(p: Value) -> Value:
+def probit(p: Value) -> Value:
     """sqrt(2) erfinv(2p - 1) with Winitzki's closed-form erfinv (a = 0.147): ONNX Runtime and ONNX's reference
     evaluator both use this approximation, and an exact erfinv would differ from them by up to ~1e-3."""
     x = 2 * p - 1
@@ -125,16 +125,16 @@ def binarizer(X: Value, *, threshold: float = 0.0) -> Value:
 
 @ml_op("Scaler")
 def scaler(X: Value, *, offset: list[float] | None = None, scale: list[float] | None = None) -> Value:
-    x = _as_float(X)
-    shifted = x - _floats(offset, x.dtype, [0.0])  # one value per feature (last axis), or one for all
-    return (shifted * _floats(scale, x.dtype, [1.0])).astype(np.float32)
+    x = as_float(X)
+    shifted = x - float_attr(offset, x.dtype, [0.0])  # one value per feature (last axis), or one for all
+    return (shifted * float_attr(scale, x.dtype, [1.0])).astype(np.float32)
 
 
 @ml_op("Normalizer")
 def normalizer(X: Value, *, norm: str = "MAX") -> Value:
     """Each row (last axis) divided by its max, L1 or L2 norm; a row whose divisor is zero is left as it is.
     MAX divides by max(X) as the spec (and ONNX Runtime) say, not by max(|X|) as ONNX's reference does."""
-    x = _as_float(X)
+    x = as_float(X)
     divisors = {
         "MAX": lambda: jnp.max(x, axis=-1, keepdims=True),
         "L1": lambda: jnp.sum(jnp.abs(x), axis=-1, keepdims=True),
@@ -234,7 +234,7 @@ def _host_lookup(x: np.ndarray, table: dict, nan_value: Any, default: Any, dtype
 
 
 def _attribute_array(name: str, ints: Any, floats: Any, strings: Any, tensor: np.ndarray | None) -> np.ndarray:
-    """The one of `name`_int64s / _floats / _strings / _tensor that is set, as a NumPy array of its type."""
+    """The one of `name`_int64s / floats / _strings / _tensor that is set, as a NumPy array of its type."""
     if tensor is not None:
         return tensor.reshape(-1)
     if strings is not None:
@@ -373,7 +373,7 @@ def zip_map(
     if (classlabels_int64s is None) == (classlabels_strings is None):
         raise ValueError("exactly one of classlabels_int64s and classlabels_strings must be set")
     keys = [int(k) for k in classlabels_int64s] if classlabels_int64s is not None else list(classlabels_strings)
-    rows = _rows(X)
+    rows = as_rows(X)
     if rows.ndim != 2 or rows.shape[1] != len(keys):
         raise ValueError(f"input of shape {np.shape(X)} does not have one column per key ({len(keys)})")
     return [dict(zip(keys, row)) for row in rows]
@@ -431,231 +431,3 @@ def _cast_scalar(value: Any, dtype: np.dtype) -> Any:
     if is_static(value):
         return np.asarray(value).astype(dtype)
     return jnp.asarray(value).astype(dtype)  # TO_INT64 truncates toward zero, as a C++ cast does
-
-
-# ---- linear models -------------------------------------------------------------------------------------------
-
-
-def _affine(x: Value, coefficients: Sequence[float], intercepts: Sequence[float] | None) -> Value:
-    """x @ W.T + b for coefficients W flattened row-major as [outputs, features]."""
-    weights = np.asarray(coefficients, dtype=x.dtype)
-    if weights.size % x.shape[1]:
-        raise ValueError(f"{weights.size} coefficients do not split into rows of {x.shape[1]} features")
-    return _matmul(x, weights.reshape(-1, x.shape[1]).T) + _floats(intercepts, x.dtype, [0.0])
-
-
-@ml_op("LinearRegressor")
-def linear_regressor(
-    X: Value,
-    *,
-    coefficients: list[float] | None = None,
-    intercepts: list[float] | None = None,
-    targets: int = 1,
-    post_transform: str = "NONE",
-) -> Value:
-    scores = _affine(_rows(_as_float(X)), coefficients or [], intercepts)
-    if scores.shape[1] != targets:
-        raise ValueError(f"the coefficients give {scores.shape[1]} targets, the targets attribute says {targets}")
-    return transform_scores(scores, post_transform).astype(np.float32)
-
-
-@ml_op("LinearClassifier")
-def linear_classifier(
-    X: Value,
-    *,
-    coefficients: list[float],
-    classlabels_ints: list[int] | None = None,
-    classlabels_strings: list[str] | None = None,
-    intercepts: list[float] | None = None,
-    multi_class: int = 0,
-    post_transform: str = "NONE",
-) -> tuple[Value, Value]:
-    labels = class_labels(classlabels_ints, classlabels_strings)
-    scores = _affine(_rows(_as_float(classifier_input(X, labels))), coefficients, intercepts)
-    if scores.shape[1] == 1 and len(labels) == 2:  # one score for two classes: the first class scores its negation
-        scores = jnp.concatenate([-scores, scores], axis=1)
-    scores = transform_scores(scores, post_transform)
-    if scores.shape[1] > 1:
-        chosen = pick(labels, jnp.argmax(scores, axis=1)) if len(labels) else jnp.argmax(scores, axis=1)
-    else:  # one class: it is chosen where the score passes the threshold, else 0 ("" for strings)
-        passed = scores[:, 0] >= (0 if post_transform == "NONE" else 0.5)
-        positive = labels[:1] if len(labels) else np.ones(1, np.int64)
-        negative = np.asarray([""] if labels.dtype == object else [0], dtype=positive.dtype)
-        chosen = pick(np.concatenate([negative, positive]), passed.astype(np.int64))
-    return chosen, scores.astype(np.float32)
-
-
-# ---- support vector machines ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Kernel:
-    kind: str
-    gamma: float
-    coef0: float
-    degree: int
-
-    @staticmethod
-    def of(kernel_type: str, kernel_params: Sequence[float] | None) -> "Kernel":
-        gamma, coef0, degree = (list(kernel_params) + [0.0, 0.0, 0.0])[:3] if kernel_params else (0.0, 0.0, 0.0)
-        kind = kernel_type.upper()
-        if kind not in ("LINEAR", "POLY", "RBF", "SIGMOID"):
-            raise ValueError(f"unknown kernel_type {kernel_type!r}; expected LINEAR, POLY, RBF or SIGMOID")
-        return Kernel(kind, float(gamma), float(coef0), int(degree))
-
-    def __call__(self, x: Value, vectors: np.ndarray) -> Value:
-        """[N, V]: the kernel of every sample with every support vector."""
-        vectors = vectors.astype(x.dtype)
-        if self.kind == "RBF":
-            squared = (
-                jnp.sum(x * x, axis=1, keepdims=True) - 2 * _matmul(x, vectors.T) + np.sum(vectors * vectors, axis=1)
-            )
-            return jnp.exp(-self.gamma * jnp.maximum(squared, 0))
-        dot = _matmul(x, vectors.T)
-        if self.kind == "POLY":
-            return (dot * self.gamma + self.coef0) ** self.degree
-        if self.kind == "SIGMOID":
-            return jnp.tanh(dot * self.gamma + self.coef0)
-        return dot
-
-
-@ml_op("SVMRegressor")
-def svm_regressor(
-    X: Value,
-    *,
-    coefficients: list[float] | None = None,
-    kernel_params: list[float] | None = None,
-    kernel_type: str = "LINEAR",
-    n_supports: int = 0,
-    one_class: int = 0,
-    post_transform: str = "NONE",
-    rho: list[float] | None = None,
-    support_vectors: list[float] | None = None,
-) -> Value:
-    x = _rows(_as_float(X))
-    weights = np.asarray(coefficients or [], dtype=x.dtype)
-    if n_supports > 0:
-        vectors = np.asarray(support_vectors, dtype=x.dtype).reshape(n_supports, -1)
-        features = Kernel.of(kernel_type, kernel_params)(x, vectors)
-    else:  # a linear SVM: the coefficients are the weights of the features themselves
-        features = x
-    score = _matmul(features, weights.reshape(-1, 1)) + _floats(rho, x.dtype, [0.0])[0]
-    if one_class:
-        score = jnp.where(score > 0, 1, -1).astype(x.dtype)
-    return transform_scores(score, post_transform).astype(np.float32)
-
-
-def _one_vs_one(
-    x: Value, kernel: Value, weights: np.ndarray, offsets: np.ndarray, counts: np.ndarray, n_classes: int
-) -> tuple[Value, Value, np.ndarray, np.ndarray]:
-    """libsvm's SVC: (decision values [N, P], votes [N, C], first class [P], second class [P]). Pair (i, j) of
-    the libsvm order weighs class i's support vectors with coefficient row j-1 and class j's with row i; all
-    pairs are one matmul with the kernel values."""
-    coefficients = weights.reshape(-1, int(counts.sum()))
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    pairs = [(i, j) for i in range(len(counts)) for j in range(i + 1, len(counts))]
-    pair_weights = np.zeros((len(pairs), coefficients.shape[1]), x.dtype)
-    for p, (i, j) in enumerate(pairs):
-        own_i, own_j = slice(starts[i], starts[i] + counts[i]), slice(starts[j], starts[j] + counts[j])
-        pair_weights[p, own_i] = coefficients[j - 1, own_i]
-        pair_weights[p, own_j] = coefficients[i, own_j]
-    first, second = (np.asarray([pair[k] for pair in pairs], dtype=np.int64) for k in (0, 1))
-    decisions = _matmul(kernel, pair_weights.T) + offsets[: len(pairs)]
-    wins = jnp.where(decisions > 0, first, second)
-    votes = jnp.sum(wins[:, :, None] == jnp.arange(n_classes), axis=1).astype(x.dtype)
-    return decisions, votes, first, second
-
-
-def _pairwise_coupling(pairwise: Value, first: np.ndarray, second: np.ndarray, n_classes: int) -> Value:
-    """Class probabilities [N, C] from pairwise ones [N, P]: libsvm's multiclass_probability (Wu, Lin and Weng),
-    a Gauss-Seidel solve run per row until it converges or max(100, C) sweeps are done."""
-    n = pairwise.shape[0]
-    r = jnp.zeros((n, n_classes, n_classes), pairwise.dtype)
-    r = r.at[:, first, second].set(pairwise).at[:, second, first].set(1 - pairwise)
-    q = -r * jnp.swapaxes(r, 1, 2)  # Q[t, j] = -r[j, t] r[t, j] off the diagonal
-    diagonal = jnp.arange(n_classes)
-    q = q.at[:, diagonal, diagonal].set(jnp.sum(r * r, axis=1))  # Q[t, t] = sum over j of r[j, t]^2
-    eps, sweeps = 0.005 / n_classes, max(100, n_classes)
-
-    def converged(p: Value) -> Value:
-        qp = jnp.einsum("nij,nj->ni", q, p)
-        return jnp.max(jnp.abs(qp - jnp.sum(p * qp, axis=1, keepdims=True)), axis=1) < eps
-
-    def sweep(state: tuple) -> tuple:
-        p, done, count = state
-        qp = jnp.einsum("nij,nj->ni", q, p)
-        pqp = jnp.sum(p * qp, axis=1)
-
-        def update(t: Value, carry: tuple) -> tuple:
-            p, qp, pqp = carry
-            q_tt, qp_t = q[:, t, t], qp[:, t]
-            diff = (pqp - qp_t) / q_tt
-            scale = 1 + diff
-            pqp = (pqp + diff * (diff * q_tt + 2 * qp_t)) / (scale * scale)
-            p = p.at[:, t].add(diff) / scale[:, None]
-            qp = (qp + diff[:, None] * q[:, t, :]) / scale[:, None]
-            return p, qp, pqp
-
-        updated, _, _ = lax.fori_loop(0, n_classes, update, (p, qp, pqp))
-        p = jnp.where(done[:, None], p, updated)  # a converged row stops, as libsvm's loop breaks
-        return p, done | converged(p), count + 1
-
-    p0 = jnp.full((n, n_classes), 1 / n_classes, pairwise.dtype)
-    p, _, _ = lax.while_loop(lambda s: (s[2] < sweeps) & ~jnp.all(s[1]), sweep, (p0, converged(p0), 0))
-    return p
-
-
-@ml_op("SVMClassifier")
-def svm_classifier(
-    X: Value,
-    *,
-    classlabels_ints: list[int] | None = None,
-    classlabels_strings: list[str] | None = None,
-    coefficients: list[float] | None = None,
-    kernel_params: list[float] | None = None,
-    kernel_type: str = "LINEAR",
-    post_transform: str = "NONE",
-    prob_a: list[float] | None = None,
-    prob_b: list[float] | None = None,
-    rho: list[float] | None = None,
-    support_vectors: list[float] | None = None,
-    vectors_per_class: list[int] | None = None,
-) -> tuple[Value, Value]:
-    """libsvm's one-vs-one SVC over support vectors, or a liblinear model (no support vectors), with the
-    labelling and score conventions that ONNX Runtime and ONNX's reference evaluator share."""
-    labels = class_labels(classlabels_ints, classlabels_strings)
-    n_classes = max(len(labels), 1)
-    x = _rows(_as_float(classifier_input(X, labels)))
-    weights = np.asarray(coefficients or [], dtype=x.dtype)
-    offsets = _floats(rho, x.dtype, [0.0])
-    counts = np.asarray(vectors_per_class or [], dtype=np.int64)
-    probabilities = False
-    if counts.sum() > 0:
-        vectors = np.asarray(support_vectors, dtype=x.dtype).reshape(int(counts.sum()), -1)
-        kernel = Kernel.of(kernel_type, kernel_params)(x, vectors)
-        scores, decided, first, second = _one_vs_one(x, kernel, weights, offsets, counts, n_classes)
-        if prob_a:
-            a, b = _floats(prob_a, x.dtype), _floats(prob_b, x.dtype)
-            pairwise = jnp.clip(jax.nn.sigmoid(-(scores * a + b)), 1e-7, 1 - 1e-7)
-            scores, probabilities = _pairwise_coupling(pairwise, first, second, n_classes), True
-    else:
-        scores = decided = _affine(x, weights, None) + offsets[0]
-    best, best_weight = jnp.argmax(decided, axis=1), jnp.max(decided, axis=1)
-    binary = offsets.size == 1 and len(labels) == 2
-    if binary:
-        # Only non-negative coefficients and no probabilities: a winning weight of 0.5 decides class 1.
-        if not probabilities and weights.size and weights.min() >= 0:
-            best = jnp.where(best_weight >= 0.5, 1, best)
-        chosen = pick(labels, best)
-    elif offsets.size == 1:  # one decision function without two labels: "class" 1 when positive, else 0
-        positive = (best_weight > 0).astype(np.int64)
-        chosen = pick(labels, positive) if labels.dtype == object else positive
-    else:
-        chosen = pick(labels, best) if len(labels) else best
-    if scores.shape[1] == 1 and post_transform == "PROBIT":
-        scores = _probit(scores)
-    elif scores.shape[1] == 1 and binary:  # one decision value for two classes: the first class scores its negation
-        scores = transform_scores(jnp.concatenate([-scores, scores], axis=1), post_transform)
-    elif scores.shape[1] > 1:
-        scores = transform_scores(scores, post_transform)
-    return chosen, scores.astype(np.float32)
