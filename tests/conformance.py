@@ -7,7 +7,6 @@ import glob
 import os
 import warnings
 
-import numpy as np
 import onnx
 from onnx import numpy_helper
 from onnx.backend.test.loader import load_model_tests

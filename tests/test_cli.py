@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import pytest
 
 import onnxtrain
 

@@ -12,7 +12,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-import onnxtrain
 from onnxtrain.errors import StaticValueRequired
 from onnxtrain.lower import control
 from onnxtrain.lower.graph import Runtime, run_graph

@@ -7,10 +7,8 @@ from fractions import Fraction
 
 import jax
 import numpy as np
-import onnx
 import pytest
 
-import onnxtrain
 from nodes import assert_matches_reference, node_model, run_both
 from onnxtrain.errors import NodeError
 from test_conv import assert_gradient_matches_reference, lowering

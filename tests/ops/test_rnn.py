@@ -9,7 +9,6 @@ import pytest
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-import onnxtrain
 from onnxtrain.dtypes import onnx_type
 from onnxtrain.lower.graph import Runtime, run_graph
 from onnxtrain.model import build_graph, model_resolver
