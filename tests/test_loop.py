@@ -42,3 +42,22 @@ def test_schedule_evaluation_and_checkpoint(tmp_path):
     saved = {i.name: numpy_helper.to_array(i) for i in onnx.load(tmp_path / "ckpt.onnx").graph.initializer}
     np.testing.assert_array_equal(saved["W"], np.asarray(engine.state["W"]))
     assert engine.trace_count == 2  # one train step compile for six different rates, one infer compile
+
+
+def test_a_graph_output_that_is_already_the_loss():
+    """loss="output:L": L = sum((W - 3)^2) is computed by the model itself; SGD drives W to 3."""
+    graph = helper.make_graph(
+        [helper.make_node("Sub", ["W", "Three"], ["D"]), helper.make_node("Mul", ["D", "D"], ["D2"]),
+         helper.make_node("ReduceSum", ["D2"], ["L"], keepdims=0)],
+        "quadratic", [], [helper.make_tensor_value_info("L", TensorProto.FLOAT, [])],
+        [numpy_helper.from_array(np.zeros(2, np.float32), "W"), numpy_helper.from_array(np.float32(3), "Three")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="output:L", optimizer="sgd", learning_rate=0.1,
+                                                     trainable=["W"]))
+    w = np.zeros(2)
+    for _ in range(5):
+        engine.train_step({})
+        w = w - 0.1 * 2 * (w - 3)  # d/dW sum((W - 3)^2)
+    np.testing.assert_allclose(np.asarray(engine.state["W"]), w, rtol=1e-6)
+    assert "Three" not in engine.state  # not trainable: frozen
