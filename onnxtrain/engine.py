@@ -144,6 +144,14 @@ class Engine:
 
     # ----- the stateful API -----
 
+    def __repr__(self) -> str:
+        size = sum(int(np.prod(v.shape)) for v in self._state.values())
+        return (
+            f"<onnxtrain.Engine inputs={self.input_names} outputs={self.output_names} "
+            f"state={len(self._state)} variables ({size:,} values) algorithms={len(self.algorithms)} "
+            f"step={self.step_count}>"
+        )
+
     @property
     def input_names(self) -> list[str]:
         return [i.name for i in self.required_inputs]

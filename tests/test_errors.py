@@ -128,3 +128,9 @@ def test_node_binds_to_the_highest_version_not_above_the_model_opset():
     flat = np.exp(x.reshape(1, 6)) / np.exp(x.reshape(1, 6)).sum()
     np.testing.assert_allclose(results[11], flat.reshape(1, 2, 3), rtol=1e-6)
     np.testing.assert_allclose(results[13], np.exp(x) / np.exp(x).sum(axis=1, keepdims=True), rtol=1e-6)
+
+
+def test_engine_repr_summarises_the_model():
+    engine = onnxtrain.load(add_model())
+    assert repr(engine) == "<onnxtrain.Engine inputs=['a', 'b'] outputs=['c'] state=0 variables (0 values) " \
+                           "algorithms=0 step=0>"
