@@ -32,7 +32,14 @@ def hashable(value: Any) -> Any:
 
 
 def static_key(values: Mapping[str, Any]) -> tuple:
-    return tuple((name, hashable(np.asarray(values[name]))) for name in sorted(values))
+    return tuple((name, hashable(values[name])) for name in sorted(values))
+
+
+def as_static(value: Any) -> Any:
+    """A feed as a trace-time value: NumPy for a tensor, a list of NumPy arrays for a sequence."""
+    if isinstance(value, list):
+        return [as_static(v) for v in value]
+    return value if value is None or isinstance(value, dict) else np.asarray(value)
 
 
 def graph_inputs_feeding(value_name: str, nodes: Sequence[Node], inputs: set[str]) -> set[str]:
@@ -90,7 +97,7 @@ class Program:
     def __call__(self, *arrays: Any, feeds: dict[str, Any]) -> Any:
         """`arrays` are positional pytrees; `feeds` is a dict of arrays split here into static and traced."""
         while True:
-            static = {n: np.asarray(v) for n, v in feeds.items() if n in self.static_feeds or host_only(v)}
+            static = {n: as_static(v) for n, v in feeds.items() if n in self.static_feeds or host_only(v)}
             traced = {n: v for n, v in feeds.items() if n not in static}
             try:
                 with jax.enable_x64(True), jax.default_matmul_precision(self.matmul_precision):
