@@ -20,7 +20,7 @@ from jax import lax
 from ..errors import NodeError, StaticValueRequired
 from .graph import NodeContext, Subgraph
 from .registry import op, versions
-from .values import Value, is_static, static_ints, to_static
+from .values import Value, is_static, is_text, static_ints, to_static
 
 
 class Unstructured(Exception):
@@ -43,10 +43,6 @@ def folded(fn: Callable[..., Any], *args: Any) -> Any:
 
 def truth(value: Value) -> bool:
     return bool(np.asarray(value).reshape(-1)[0])
-
-
-def is_string(value: Value) -> bool:
-    return isinstance(value, np.ndarray) and value.dtype.kind in "OUS"
 
 
 def describe(value: Value) -> str:
@@ -91,7 +87,7 @@ def lax_scan(step: Callable, carry: list, xs: Any, length: int) -> tuple[list, l
         new, ys = step(c, x)
         if signature(new) != expected:
             raise Unstructured("carried values change shape or type between iterations")
-        if any(v is None or isinstance(v, list) or is_string(v) for v in ys):
+        if any(v is None or isinstance(v, list) or is_text(v) for v in ys):
             raise Unstructured("a scan output element is not a numeric tensor")
         return list(new), list(ys)
 
@@ -120,7 +116,7 @@ def if_(cond: Value, *, then_branch: Subgraph, else_branch: Subgraph, ctx: NodeC
         def run() -> list:
             outputs = branch()
             seen[name] = outputs
-            if any(is_string(v) for v in outputs):
+            if any(is_text(v) for v in outputs):
                 raise Unstructured("a branch produces strings")
             return outputs
 

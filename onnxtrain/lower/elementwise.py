@@ -16,6 +16,7 @@ import numpy as np
 import onnx.defs
 
 from .registry import op, versions
+from .values import is_text
 
 Array = Any  # a jax array or a NumPy array (static value)
 
@@ -116,16 +117,12 @@ def _comparison(device: Callable, host: Callable) -> Callable:
     """String tensors never reach XLA (they are always static NumPy arrays): compare them on the host."""
 
     def compare(a: Array, b: Array) -> Array:
-        if _is_string(a) or _is_string(b):
+        if is_text(a) or is_text(b):
             return np.asarray(host(np.asarray(a, dtype=object), np.asarray(b, dtype=object)), dtype=bool)
         return device(a, b)
 
     compare.__name__ = device.__name__
     return compare
-
-
-def _is_string(value: Array) -> bool:
-    return isinstance(value, np.ndarray) and value.dtype.kind in "OUS"
 
 
 COMPARISONS: dict[str, tuple[Callable, Callable]] = {

@@ -16,7 +16,7 @@ from jax import lax
 
 from ..dtypes import is_float
 from .registry import op, versions
-from .values import Value, is_static, static, static_ints
+from .values import Value, is_static, is_text, static, static_int
 
 
 def _axis(axis: int, rank: int) -> int:
@@ -25,20 +25,9 @@ def _axis(axis: int, rank: int) -> int:
     return axis % rank
 
 
-def _scalar_int(value: Value, what: str) -> int:
-    values = static_ints(value, what)
-    if len(values) != 1:
-        raise ValueError(f"input {what!r} must hold exactly one value, got {len(values)}")
-    return values[0]
-
-
-def _is_text(x: Value) -> bool:
-    return isinstance(x, np.ndarray) and x.dtype.kind in "OUS"
-
-
 def _xp(*tensors: Value) -> Any:
     """NumPy when strings are involved (XLA has no strings; they are always static), else jax.numpy."""
-    return np if any(_is_text(t) for t in tensors) else jnp
+    return np if any(is_text(t) for t in tensors) else jnp
 
 
 def _host(value: Value, what: str, xp: Any) -> Value:
@@ -107,7 +96,7 @@ _REDUCTIONS = {"none": "set", "add": "add", "mul": "multiply", "max": "max", "mi
 def _scatter(data: Value, where: tuple, updates: Value, reduction: str) -> Value:
     if reduction not in _REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; expected one of {sorted(_REDUCTIONS)}")
-    if _is_text(data):
+    if is_text(data):
         if reduction != "none":
             raise ValueError(f"reduction {reduction!r} is not defined for strings")
         written = data.copy()
@@ -174,7 +163,7 @@ def where(condition: Value, x: Value, y: Value) -> Value:
 
 
 def _one_hot(indices: Value, depth: Value, values: Value, axis: int, wrap_negative: bool) -> Value:
-    classes = _scalar_int(depth, "depth")
+    classes = static_int(depth, "depth")
     if classes < 0:
         raise ValueError(f"depth must not be negative, got {classes}")
     axis = _axis(axis, np.ndim(indices) + 1)
@@ -271,7 +260,7 @@ def _shift_in(x: Value, axis: int, fill: int, reverse: bool) -> Value:
 def _cumulative(scan: Callable, identity: int) -> Callable:
     def cumulative(x: Value, axis: Value, *, exclusive: int = 0, reverse: int = 0) -> Value:
         x = jnp.asarray(x)
-        along = _axis(_scalar_int(axis, "axis"), x.ndim)
+        along = _axis(static_int(axis, "axis"), x.ndim)
         if exclusive:
             x = _shift_in(x, along, identity, bool(reverse))
         return scan(x, axis=along, reverse=bool(reverse))
@@ -328,7 +317,7 @@ def top_k(
     x: Value, k: Value, *, axis: int = -1, largest: int = 1, sorted: int = 1  # noqa: A002 - ONNX's name
 ) -> tuple[Value, Value]:
     # sorted=0 leaves the order unspecified, so sorted output is conformant either way.
-    return _top_k(x, _scalar_int(k, "K"), axis, bool(largest))
+    return _top_k(x, static_int(k, "K"), axis, bool(largest))
 
 
 @op("TopK", *versions("TopK", until=9))

@@ -23,7 +23,7 @@ from jax import lax
 
 from ..errors import StaticValueRequired
 from .registry import ML_DOMAIN, op, versions
-from .values import Value, is_static, static
+from .values import Value, is_static, is_text, static
 
 POST_TRANSFORMS = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")  # TreeEnsemble's codes index this
 
@@ -31,10 +31,6 @@ POST_TRANSFORMS = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")  # T
 def ml_op(name: str, since: int = 1, until: int | None = None) -> Callable[[Callable], Callable]:
     """Register a lowering of ai.onnx.ml::`name` for every since_version of its schema in [since, until]."""
     return op(name, *versions(name, since=since, until=until, domain=ML_DOMAIN), domain=ML_DOMAIN)
-
-
-def _is_text(x: Value) -> bool:
-    return isinstance(x, np.ndarray) and x.dtype.kind in "OUS"
 
 
 def as_float(x: Value) -> Value:
@@ -173,7 +169,7 @@ def imputer(
 @ml_op("ArrayFeatureExtractor")
 def array_feature_extractor(X: Value, Y: Value) -> Value:
     """X[..., Y] with Y flattened; a 1-D X is one row, so the result is [1, len(Y)] (as ONNX Runtime does)."""
-    xp = np if _is_text(X) else jnp
+    xp = np if is_text(X) else jnp
     indices = static(Y, "Y") if xp is np else Y
     width = np.shape(X)[-1]
     if is_static(indices) and np.any((np.asarray(indices) < 0) | (np.asarray(indices) >= width)):
@@ -209,7 +205,7 @@ def _lookup(x: Value, keys: np.ndarray, values: np.ndarray, default: Any) -> Val
             nan_value = value
         else:
             table[key.decode() if isinstance(key, bytes) else key] = value
-    if _is_text(x) or keys.dtype == object or values.dtype == object:
+    if is_text(x) or keys.dtype == object or values.dtype == object:
         return _host_lookup(static(x, "X"), table, nan_value, default, values.dtype)
     compare = np.promote_types(np.dtype(x.dtype), keys.dtype)
     found_value = jnp.full(np.shape(x), default, dtype=values.dtype)
@@ -282,7 +278,7 @@ def label_encoder_v1(
     does), an integer to the string at that position."""
     classes = np.asarray(classes_strings or [], dtype=object)
     positions = np.arange(len(classes), dtype=np.int64)
-    if _is_text(X):
+    if is_text(X):
         return _lookup(X, classes, positions, default_int64)
     return _lookup(X, positions, classes, default_string)
 
@@ -300,7 +296,7 @@ def category_mapper(
     strings = np.asarray(cats_strings or [], dtype=object)
     if len(ints) != len(strings):
         raise ValueError(f"cats_int64s has {len(ints)} entries, cats_strings {len(strings)}; they must pair up")
-    if _is_text(X):
+    if is_text(X):
         return _lookup(X, strings, ints, default_int64)
     return _lookup(X, ints, strings, default_string)
 
@@ -311,7 +307,7 @@ def one_hot_encoder(
 ) -> Value:
     """[..., C] float32 indicators. With zeros=0 an unknown category is an error, which can only be detected
     when X is known at trace time (a traced unknown category encodes as all zeros)."""
-    if _is_text(X):
+    if is_text(X):
         if not cats_strings:
             raise ValueError("a string input needs cats_strings")
         position = {c: i for i, c in reversed(list(enumerate(cats_strings)))}

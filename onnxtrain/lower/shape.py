@@ -18,7 +18,7 @@ from jax import lax
 
 from ..dtypes import np_dtype
 from .registry import op, versions
-from .values import Value, static, static_ints
+from .values import Value, is_text, static, static_ints
 
 
 def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:
@@ -32,22 +32,18 @@ def optional_ints(value: Value, what: str) -> list[int] | None:
     return None if value is None else static_ints(value, what)
 
 
-def is_string_tensor(value: Value) -> bool:
-    return isinstance(value, np.ndarray) and value.dtype.kind in "OUS"
-
-
 def moves_strings(fn: Callable) -> Callable:
     """Let a pure data-movement op take string tensors (always static): it moves int64 positions into a pool
     of the strings, and NumPy gathers the strings at the positions that come out."""
 
     @functools.wraps(fn)
     def lowered(*inputs, **attributes):
-        if not any(is_string_tensor(v) for v in inputs):
+        if not any(is_text(v) for v in inputs):
             return fn(*inputs, **attributes)
         pool: list = []
         positions = []
         for v in inputs:
-            if is_string_tensor(v):
+            if is_text(v):
                 positions.append(np.arange(len(pool), len(pool) + v.size, dtype=np.int64).reshape(v.shape))
                 pool.extend(v.reshape(-1).tolist())
             else:

@@ -17,16 +17,9 @@ from jax import lax
 
 from ..dtypes import np_dtype
 from .registry import op, versions
-from .values import Value, static_ints
+from .values import Value, static_int
 
 Array = Any  # a jax array or a NumPy array (static value)
-
-
-def _scalar(value: Value, what: str) -> int:
-    values = static_ints(value, what)
-    if len(values) != 1:
-        raise ValueError(f"input {what!r} must hold exactly one value, got {len(values)}")
-    return values[0]
 
 
 def _to_complex(x: Array) -> Array:
@@ -75,8 +68,8 @@ def dft(x: Array, length: int | None, axis: int, inverse: bool, onesided: bool) 
 def dft_20(
     input: Array, dft_length: Value = None, axis: Value = None, *, inverse: int = 0, onesided: int = 0  # noqa: A002
 ) -> Array:
-    length = None if dft_length is None else _scalar(dft_length, "dft_length")
-    along = -2 if axis is None else _scalar(axis, "axis")
+    length = None if dft_length is None else static_int(dft_length, "dft_length")
+    along = -2 if axis is None else static_int(axis, "axis")
     return dft(input, length, along, bool(inverse), bool(onesided))
 
 
@@ -94,9 +87,9 @@ def stft(
 ) -> Array:
     if np.ndim(signal) != 3:
         raise ValueError(f"signal must have rank 3 ([batch, length, 1 or 2]), got shape {np.shape(signal)}")
-    step = _scalar(frame_step, "frame_step")
+    step = static_int(frame_step, "frame_step")
     if frame_length is not None:
-        size = _scalar(frame_length, "frame_length")
+        size = static_int(frame_length, "frame_length")
     else:
         size = np.shape(window)[0] if window is not None else np.shape(signal)[1]
     if window is not None and np.shape(window) != (size,):
@@ -122,7 +115,7 @@ WINDOWS: dict[str, tuple[float, ...]] = {
 
 def _cosine_window(coefficients: tuple[float, ...]):
     def window(size: Value, *, output_datatype: int = 1, periodic: int = 1) -> Array:
-        length = _scalar(size, "size")
+        length = static_int(size, "size")
         if length < 0:
             raise ValueError(f"size must not be negative, got {length}")
         period = length if periodic else length - 1
@@ -163,9 +156,9 @@ def mel_weight_matrix(
     never reached) and map to bin floor((dft_length + 1) * hz / sample_rate), as ONNX Runtime and ONNX's
     reference do: the spec leaves the snapping open and models are exported against those.
     """
-    bands = _scalar(num_mel_bins, "num_mel_bins")
-    length = _scalar(dft_length, "dft_length")
-    rate = _scalar(sample_rate, "sample_rate")
+    bands = static_int(num_mel_bins, "num_mel_bins")
+    length = static_int(dft_length, "dft_length")
+    rate = static_int(sample_rate, "sample_rate")
     low = _hz_to_mel(jnp.asarray(lower_edge_hertz, np.float64))
     high = _hz_to_mel(jnp.asarray(upper_edge_hertz, np.float64))
     steps = jnp.arange(bands + 2, dtype=np.float64)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .registry import op, versions
-from .values import Value, static
+from .values import Value, is_text, static
 
 Array = Any  # a jax array or a NumPy array (static value)
 
@@ -148,7 +148,7 @@ def _pool_ngrams(pool: list, ngram_counts: list[int], n: int) -> list:
 
 def _token_ids(x: Value, pool: list) -> tuple[Array, list[int]]:
     """Tokens and pool entries as integer ids: strings are numbered on the host (-1: not in the pool)."""
-    if isinstance(x, np.ndarray) and x.dtype.kind in "OUS":
+    if is_text(x):
         ids = {_text(s): i for i, s in reversed(list(enumerate(pool)))}
         tokens = np.array([ids.get(_text(s), -1) for s in x.reshape(-1)], dtype=np.int64).reshape(x.shape)
         return tokens, [ids[_text(s)] for s in pool]

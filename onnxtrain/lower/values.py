@@ -53,3 +53,16 @@ def static(value: Value, what: str) -> np.ndarray:
 
 def static_ints(value: Value, what: str) -> list[int]:
     return [int(v) for v in static(value, what).reshape(-1).tolist()]
+
+
+def static_int(value: Value, what: str) -> int:
+    """A compile-time scalar input (one element of any rank)."""
+    values = static_ints(value, what)
+    if len(values) != 1:
+        raise ValueError(f"input {what!r} must hold exactly one value, got {len(values)}")
+    return values[0]
+
+
+def is_text(value: Value) -> bool:
+    """A string tensor: it lives on the host (NumPy object or str array), never in XLA."""
+    return isinstance(value, np.ndarray) and value.dtype.kind in "OUS"
