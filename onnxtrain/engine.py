@@ -127,7 +127,7 @@ class Engine:
                 o.name: scope[o.name] for o in self.graph.outputs + algorithm.algorithm.outputs if o.name not in bound
             }
             where = f"training_info[{algorithm.index}].update_binding"
-            return (assign(state, algorithm.update_binding, scope.values, where), step + 1), outputs
+            return (assign(state, algorithm.update_binding, {n: scope[n] for n in bound}, where), step + 1), outputs
 
         return Program(body, nodes, donate=(0,), matmul_precision=self.matmul_precision)
 

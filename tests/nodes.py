@@ -11,6 +11,8 @@ from onnx.reference import ReferenceEvaluator
 
 import onnxtrain
 from onnxtrain.dtypes import onnx_type
+from onnxtrain.lower.layout import channels_first_results
+from onnxtrain.lower.registry import lookup, schema_for
 
 
 def node_model(
@@ -82,3 +84,14 @@ def graph_model(nodes, inputs, outputs, initializers=(), opset: int = 21) -> onn
         [onnx.numpy_helper.from_array(v, n) for n, v in dict(initializers).items()],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def lowering(op_type: str, opset: int = onnx.defs.onnx_opset_version()):
+    """The function registered for `op_type` at `opset` (to call or differentiate directly), its results as the
+    model sees them (a channels-last activation transposed back)."""
+    fn = lookup("", op_type, schema_for("", op_type, opset).since_version).fn
+
+    def call(*args: Any, **attrs: Any) -> Any:
+        return channels_first_results(fn(*args, **attrs))
+
+    return call

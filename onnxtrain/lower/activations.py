@@ -142,9 +142,9 @@ def _over_flattened_tail(fn: Callable[[Array, int], Array]) -> Callable:
 
 
 for _name, _fn in ACTIVATIONS.items():
-    register(_name, _fn)
+    register(_name, _fn, elementwise=True)
 register("PRelu", prelu_per_channel, until=6)
-register("PRelu", prelu, since=7)
+register("PRelu", prelu, since=7, elementwise=True)  # the slope broadcasts unidirectionally to X
 for _name, _fn in NORMALIZERS.items():
     register(_name, _over_flattened_tail(_fn), until=12)
     register(_name, _along_axis(_fn), since=13)

@@ -2,9 +2,10 @@
 (kernel/stride/dilation/pads/auto_pad -> output size and padding) that pool.py shares.
 
 Layout: ONNX tensors are channels-first; XLA's CPU convolution is fastest channels-last, so every convolution
-transposes its input to (N, *spatial, C) and the kernel to (*spatial, I, O), runs there and transposes back. The
-pools and Resize work channels-last too, so XLA cancels the transposes between consecutive spatial ops (a
-channels-first pool between two convolutions made a small CNN's train step twice as slow).
+runs on (N, *spatial, C) activations with a (*spatial, I, O) kernel and hands its result on channels-last
+(lower/layout.py), as do the pools and Resize: the elementwise ops between them keep that layout, so an
+activation is transposed only where an op needs it channels-first (a channels-first pool between two
+convolutions made a small CNN's train step twice as slow).
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .layout import CHANNELS_LAST, ChannelsLast, channels_first, channels_last
 from .registry import op, versions
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -131,14 +135,6 @@ def _explicit_out(size: int, begin: int, end: int, span: int, stride: int, ceil_
     return out
 
 
-def to_channels_last(x):
-    return jnp.moveaxis(x, 1, -1)
-
-
-def to_channels_first(x):
-    return jnp.moveaxis(x, -1, 1)
-
-
 def convolve(
     x,
     w,
@@ -149,31 +145,104 @@ def convolve(
     input_dilation: Sequence[int] | None = None,
     accumulate=None,
     bias=None,
+    inference: bool = False,
 ):
-    """ONNX-layout convolution (x: N,C,*S; w: O,C/groups,*K) computed channels-last, plus an optional bias."""
+    """ONNX-layout convolution (x: N,C,*S, possibly held channels-last; w: O,C/groups,*K) plus an optional
+    bias, computed and returned channels-last. `inference`: no train step will differentiate it."""
     rank = x.ndim - 2
     if x.shape[1] != w.shape[1] * groups:
         raise ValueError(f"X has {x.shape[1]} channels, W expects {w.shape[1]} per group x {groups} groups")
     if w.shape[0] % groups:
         raise ValueError(f"W's {w.shape[0]} output channels do not divide into {groups} groups")
+    geometry = (tuple(strides), tuple(tuple(p) for p in padding), tuple(dilations))
+    x, w = channels_last(x), jnp.transpose(w, (*range(2, rank + 2), 1, 0))
+    if inference and groups == 1 and not input_dilation and accumulate is None and is_shallow(w):
+        y = lax.platform_dependent(x, w, cpu=partial(shallow_convolution, geometry=geometry),
+                                   default=partial(xla_convolution, geometry=geometry))
+    else:
+        y = xla_convolution(x, w, geometry, groups, input_dilation, accumulate)
+    if bias is not None:  # added channels-last, where it broadcasts along the minor axis
+        y = y + jnp.asarray(bias).astype(y.dtype)
+    return ChannelsLast(y)
+
+
+def xla_convolution(x, w, geometry, groups: int = 1, input_dilation: Sequence[int] | None = None, accumulate=None):
+    """XLA's convolution of channels-last x (N, *S, C) with a (*K, I, O) kernel; geometry: (strides, padding,
+    dilations)."""
+    rank = x.ndim - 2
     spatial = tuple(range(1, rank + 1))
     numbers = lax.ConvDimensionNumbers(
         lhs_spec=(0, rank + 1, *spatial), rhs_spec=(rank + 1, rank, *range(rank)), out_spec=(0, rank + 1, *spatial)
     )
-    y = lax.conv_general_dilated(
-        to_channels_last(x),
-        jnp.transpose(w, (*range(2, rank + 2), 1, 0)),
-        window_strides=tuple(strides),
-        padding=tuple(padding),
+    strides, padding, dilations = geometry
+    return lax.conv_general_dilated(
+        x,
+        w,
+        window_strides=strides,
+        padding=padding,
         lhs_dilation=tuple(input_dilation) if input_dilation else None,
-        rhs_dilation=tuple(dilations),
+        rhs_dilation=dilations,
         dimension_numbers=numbers,
         feature_group_count=groups,
         preferred_element_type=accumulate,
     )
-    if bias is not None:  # added channels-last, where it broadcasts along the minor axis
-        y = y + jnp.asarray(bias).astype(y.dtype)
-    return to_channels_first(y)
+
+
+# The largest contraction (input channels x kernel taps) for which XLA-CPU runs a convolution faster as
+# multiply-adds of shifted views than as its convolution: a first layer (1 channel 5x5, 3 channels 3x3), where
+# XLA-CPU's convolution is 3-10x slower than the arithmetic warrants (benchmarks/README.md). Only outside train
+# steps: there XLA recomputes the fused multiply-adds in every consumer of the activation's gradient, and its
+# own convolution is faster overall.
+SHALLOW_CONTRACTION = 27
+
+
+def is_shallow(w) -> bool:
+    """w: (*kernel, in, out), channels-last."""
+    single_or_double = w.dtype in (jnp.float32, jnp.float64)  # half precision must accumulate wider
+    return single_or_double and math.prod(w.shape[:-1]) <= SHALLOW_CONTRACTION
+
+
+def window_views(padded, kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int],
+                 out: Sequence[int]):
+    """For each kernel offset, the strided view of channels-last `padded` (N, *spatial, C) that the offset's tap
+    reads across all windows: the (N, *out, C) operands of a convolution or pooling written as shifted slices."""
+    for offset in itertools.product(*[range(k) for k in kernel]):
+        start = [0, *[j * d for j, d in zip(offset, dilations)], 0]
+        limit = [padded.shape[0], *[b + (o - 1) * s + 1 for b, o, s in zip(start[1:], out, strides)],
+                 padded.shape[-1]]
+        yield offset, lax.slice(padded, start, limit, (1, *strides, 1))
+
+
+def _shallow_views(x, w, geometry):
+    strides, padding, dilations = geometry
+    padded = lax.pad(x, np.zeros((), x.dtype), [(0, 0, 0), *[(b, e, 0) for b, e in padding], (0, 0, 0)])
+    spans = [(k - 1) * d + 1 for k, d in zip(w.shape[:-2], dilations)]
+    out = [(size - span) // s + 1 for size, span, s in zip(padded.shape[1:-1], spans, strides)]
+    return window_views(padded, w.shape[:-2], strides, dilations, out)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def shallow_convolution(x, w, geometry):
+    """A convolution over few input channels (channels-last x, kernel (*K, I, O)) as a sum of broadcast
+    multiplies of shifted views: XLA fuses them into one loop. Differentiated as XLA's convolution."""
+    total = None
+    for offset, view in _shallow_views(x, w, geometry):
+        for c in range(view.shape[-1]):
+            term = view[..., c:c + 1] * w[(*offset, c)]
+            total = term if total is None else total + term
+    return total
+
+
+def _shallow_forward(x, w, geometry):
+    return shallow_convolution(x, w, geometry), (x, w)
+
+
+def _shallow_backward(geometry, residuals, grad):
+    _, pullback = jax.vjp(partial(xla_convolution, geometry=geometry), *residuals)
+    return pullback(grad)
+
+
+shallow_convolution.defvjp(_shallow_forward, _shallow_backward)
 
 
 def conv_window(x, w, kernel_shape, strides, dilations, pads, auto_pad) -> Window:
@@ -186,10 +255,14 @@ def conv_window(x, w, kernel_shape, strides, dilations, pads, auto_pad) -> Windo
     return sliding_window(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
 
 
-@op("Conv", *versions("Conv"))
-def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+@op("Conv", *versions("Conv"), layout=CHANNELS_LAST)
+def conv(
+    X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None, ctx=None
+):
     window = conv_window(X, W, kernel_shape, strides, dilations, pads, auto_pad)
-    return convolve(X, W.astype(X.dtype), window.strides, window.exact_pads, window.dilations, group, bias=B)
+    inference = ctx is None or not ctx.runtime.training
+    return convolve(X, W.astype(X.dtype), window.strides, window.exact_pads, window.dilations, group, bias=B,
+                    inference=inference)
 
 
 def integer_operand(v, zero_point, channel_axis_size: int | None = None):
@@ -216,7 +289,7 @@ def integer_conv(x, x_zero_point, w, w_zero_point, auto_pad, dilations, group, k
     xi = integer_operand(x, x_zero_point)
     wi = integer_operand(w, w_zero_point, w.shape[0])
     y = convolve(xi, wi, window.strides, window.exact_pads, window.dilations, group, bias=bias)
-    return y.astype(jnp.int32)
+    return channels_first(y).astype(jnp.int32)
 
 
 @op("ConvInteger", *versions("ConvInteger"))
@@ -302,8 +375,10 @@ def conv_transpose_op(legacy_split: bool):
     return conv_transpose
 
 
-op("ConvTranspose", 1)(conv_transpose_op(legacy_split=True))
-conv_transpose = op("ConvTranspose", *versions("ConvTranspose", since=11))(conv_transpose_op(legacy_split=False))
+op("ConvTranspose", 1, layout=CHANNELS_LAST)(conv_transpose_op(legacy_split=True))
+conv_transpose = op("ConvTranspose", *versions("ConvTranspose", since=11), layout=CHANNELS_LAST)(
+    conv_transpose_op(legacy_split=False)
+)
 
 
 def linear_taps(coords, size: int):

@@ -15,22 +15,30 @@ import jax.numpy as jnp
 import numpy as np
 import onnx.defs
 
+from .layout import ELEMENTWISE
 from .registry import op, versions
 from .values import is_text
 
 Array = Any  # a jax array or a NumPy array (static value)
 
 
-def register(name: str, fn: Callable, *, since: int = 1, until: int | None = None, binary: bool = False) -> None:
+def register(
+    name: str, fn: Callable, *, since: int = 1, until: int | None = None, binary: bool = False,
+    elementwise: bool = False,
+) -> None:
     """Register `fn` for every since_version of `name` in [since, until]. Versions whose schema still has
     legacy attributes get adapters, so `fn` only ever sees the attributes of today's schema: `consumed_inputs`
-    is dropped, and for a `binary` elementwise op, `broadcast`/`axis` reshape B before the call."""
+    is dropped, and for a `binary` elementwise op, `broadcast`/`axis` reshape B before the call.
+
+    `elementwise`: each output element depends only on the input elements at its (broadcast) position, so the
+    op runs on channels-last activations as they are (lower/layout.py); not the axis-aligned legacy versions."""
     for version in versions(name, since=since, until=until):
         attributes = onnx.defs.get_schema(name, version).attributes
-        impl = _with_legacy_broadcast(fn) if binary and "broadcast" in attributes else fn
+        legacy_broadcast = "broadcast" in attributes
+        impl = _with_legacy_broadcast(fn) if binary and legacy_broadcast else fn
         if "consumed_inputs" in attributes:
             impl = _dropping_consumed_inputs(impl)
-        op(name, version)(impl)
+        op(name, version, layout=ELEMENTWISE if elementwise and not legacy_broadcast else "")(impl)
 
 
 def _dropping_consumed_inputs(fn: Callable) -> Callable:
@@ -211,18 +219,18 @@ VARIADIC: dict[str, Callable] = {
 }
 
 for _name, _fn in UNARY.items():
-    register(_name, _same_dtype(_fn))
+    register(_name, _same_dtype(_fn), elementwise=True)
 for _name, _fn in BINARY.items():
-    register(_name, _fn, binary=True)
+    register(_name, _fn, binary=True, elementwise=True)
 for _name, (_device, _host) in COMPARISONS.items():
-    register(_name, _comparison(_device, _host), binary=True)
+    register(_name, _comparison(_device, _host), binary=True, elementwise=True)
 for _name, _fn in VARIADIC.items():
-    register(_name, _fn)
-register("Div", div, binary=True)
-register("Pow", pow_, binary=True)
-register("Mod", mod)
-register("BitShift", bit_shift)
-register("IsInf", is_inf)
-register("IsNaN", jnp.isnan)
-register("Clip", clip_with_attributes, until=10)
-register("Clip", clip, since=11)
+    register(_name, _fn, elementwise=True)
+register("Div", div, binary=True, elementwise=True)
+register("Pow", pow_, binary=True, elementwise=True)
+register("Mod", mod, elementwise=True)
+register("BitShift", bit_shift, elementwise=True)
+register("IsInf", is_inf, elementwise=True)
+register("IsNaN", jnp.isnan, elementwise=True)
+register("Clip", clip_with_attributes, until=10, elementwise=True)
+register("Clip", clip, since=11, elementwise=True)

@@ -12,6 +12,8 @@ import numpy as np
 import onnx
 
 from ..errors import NodeError, OnnxTrainError, StaticValueRequired
+from . import layout
+from .layout import channels_first
 from .registry import schema_for
 from .values import Value, is_static, to_static
 
@@ -27,6 +29,11 @@ class Scope:
         self.parent = parent
 
     def __getitem__(self, name: str) -> Value:
+        """The value as the model sees it (a channels-last activation transposed back)."""
+        return channels_first(self.raw(name))
+
+    def raw(self, name: str) -> Value:
+        """The value as stored: possibly a layout.ChannelsLast."""
         scope: Scope | None = self
         while scope is not None:
             if name in scope.values:
@@ -36,7 +43,7 @@ class Scope:
 
     def __contains__(self, name: str) -> bool:
         try:
-            self[name]
+            self.raw(name)
         except KeyError:
             return False
         return True
@@ -103,9 +110,9 @@ def run_graph(graph: "Graph", args: Sequence[Value], runtime: Runtime, outer: Sc
     return [lookup(scope, o.name, f"output of graph {graph.name!r}") for o in graph.outputs]
 
 
-def lookup(scope: Scope, name: str, what: str) -> Value:
+def lookup(scope: Scope, name: str, what: str, raw: bool = False) -> Value:
     try:
-        return scope[name]
+        return scope.raw(name) if raw else scope[name]
     except KeyError:
         raise NodeError(f"{what}: value {name!r} is not defined before it is used") from None
 
@@ -116,7 +123,7 @@ def run_nodes(nodes: Sequence["Node"], scope: Scope, runtime: Runtime) -> None:
 
 
 def run_node(node: "Node", scope: Scope, runtime: Runtime, siblings: Sequence["Node"], position: int) -> None:
-    args = [lookup(scope, name, f"input of {node.label}") if name else None for name in node.inputs]
+    args = [lookup(scope, name, f"input of {node.label}", raw=True) if name else None for name in node.inputs]
     try:
         results = call_node(node, args, scope, runtime, siblings, position)
     except StaticValueRequired as exc:
@@ -152,7 +159,7 @@ def call_node(
     from ..model import Graph
 
     if node.impl is None:
-        return call_function(node, args, runtime)
+        return call_function(node, [channels_first(a) for a in args], runtime)
     attrs = {
         name: ([Subgraph(g, scope, runtime) for g in v] if is_graph_list(v) else Subgraph(v, scope, runtime))
         if isinstance(v, Graph) or is_graph_list(v)
@@ -164,9 +171,9 @@ def call_node(
     while args and args[-1] is None:  # absent trailing optional inputs take the implementation's defaults
         args.pop()
     if not is_static(*args):
-        return node.impl.fn(*args, **attrs)
+        return layout.call(node.impl.fn, node.impl.layout, args, attrs)
     with jax.ensure_compile_time_eval():
-        return to_static(node.impl.fn(*args, **attrs))
+        return to_static(layout.channels_first_results(node.impl.fn(*args, **attrs)))
 
 
 def is_graph_list(value: Any) -> bool:

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..dtypes import np_dtype
+from .layout import CHANNELS_LAST, ChannelsLast, channels_last
 from .registry import op, versions
 
 
@@ -46,21 +47,28 @@ def per_channel(v, rank: int):
 # --- BatchNormalization ---------------------------------------------------------------------------------------
 
 
+def channel_minor(v):
+    """A statistic of shape (C,), or (C, D1, ...) for non-spatial BatchNormalization, shaped to broadcast
+    against channels-last data (N, D1, ..., C)."""
+    return jnp.moveaxis(v, 0, -1)
+
+
 def batch_norm_apply(x, scale, bias, mean, var, epsilon: float):
+    """x: channels-last data (lower/layout.py), where the per-channel statistics broadcast along the last axis."""
     dtype = statistics_dtype(x.dtype)
-    shaped = [per_channel(v.astype(dtype), x.ndim) for v in (scale, bias, mean, var)]
-    scale, bias, mean, var = shaped
+    scale, bias, mean, var = [channel_minor(v.astype(dtype)) for v in (scale, bias, mean, var)]
     y = (x.astype(dtype) - mean) * lax.rsqrt(var + jnp.asarray(epsilon, dtype)) * scale + bias
     return y.astype(x.dtype)
 
 
 def batch_norm_train(x, scale, bias, mean, var, epsilon: float, momentum: float, spatial: bool = True):
-    """Normalize with the batch's statistics; returns (Y, running_mean, running_var, batch_mean, batch_var)."""
+    """Normalize channels-last x with the batch's statistics; returns (Y, running_mean, running_var,
+    batch_mean, batch_var), Y channels-last."""
     dtype = statistics_dtype(x.dtype)
-    axes = (0, *range(2, x.ndim)) if spatial else (0,)
+    axes = tuple(range(x.ndim - 1)) if spatial else (0,)
     xs = x.astype(dtype)
-    batch_mean = jnp.mean(xs, axis=axes)
-    batch_var = jnp.var(xs, axis=axes)  # population variance, as the spec says
+    batch_mean = jnp.moveaxis(jnp.mean(xs, axis=axes), -1, 0)
+    batch_var = jnp.moveaxis(jnp.var(xs, axis=axes), -1, 0)  # population variance, as the spec says
     y = batch_norm_apply(x, scale, bias, batch_mean, batch_var, epsilon)
 
     def running(old, current):
@@ -75,23 +83,27 @@ def batch_norm_train(x, scale, bias, mean, var, epsilon: float, momentum: float,
     )
 
 
-@op("BatchNormalization", *versions("BatchNormalization", since=14))
+@op("BatchNormalization", *versions("BatchNormalization", since=14), layout=CHANNELS_LAST)
 def batch_normalization(x, scale, bias, input_mean, input_var, *, epsilon, momentum, training_mode):
+    data = channels_last(x)
     if training_mode:
-        return batch_norm_train(x, scale, bias, input_mean, input_var, epsilon, momentum)[:3]
-    return batch_norm_apply(x, scale, bias, input_mean, input_var, epsilon)
+        y, running_mean, running_var = batch_norm_train(data, scale, bias, input_mean, input_var, epsilon, momentum)[:3]
+        return ChannelsLast(y), running_mean, running_var
+    return ChannelsLast(batch_norm_apply(data, scale, bias, input_mean, input_var, epsilon))
 
 
-@op("BatchNormalization", *versions("BatchNormalization", until=9))
+@op("BatchNormalization", *versions("BatchNormalization", until=9), layout=CHANNELS_LAST)
 def batch_normalization_legacy(
     x, scale, bias, mean, var, *, epsilon, momentum, spatial=1, is_test=None, consumed_inputs=None, ctx
 ):
     """Opsets 1-9: `is_test=0` (opsets 1, 6) or, without is_test (7, 9), asking for the running statistics
     selects training mode; `spatial=0` keeps one statistic per (channel, position)."""
     training = is_test == 0 if is_test is not None else any(ctx.node.outputs[1:])
+    data = channels_last(x)
     if training:
-        return batch_norm_train(x, scale, bias, mean, var, epsilon, momentum, spatial=bool(spatial))
-    return batch_norm_apply(x, scale, bias, mean, var, epsilon)
+        y, *statistics = batch_norm_train(data, scale, bias, mean, var, epsilon, momentum, spatial=bool(spatial))
+        return (ChannelsLast(y), *statistics)
+    return ChannelsLast(batch_norm_apply(data, scale, bias, mean, var, epsilon))
 
 
 # --- Instance, layer, group and RMS normalization -------------------------------------------------------------

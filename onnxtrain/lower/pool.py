@@ -8,6 +8,7 @@ has its own gradient (sliding_max) because XLA's select-and-scatter is slow on C
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from functools import partial
@@ -18,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .conv import Window, explicit_pads, sliding_window, spatial_param, to_channels_first, to_channels_last
+from .conv import Window, explicit_pads, sliding_window, spatial_param
+from .layout import CHANNELS_LAST, ChannelsLast, channels_first, channels_last
 from .registry import op, versions
 from .values import static_ints
 
@@ -39,18 +41,22 @@ def lowest(dtype) -> np.generic:
 
 
 def reduce_windows(x, window: Window, kind: str):
-    """Max or sum of every window of x (N, C, *spatial); padding contributes the reduction's identity."""
+    """Max or sum of every window of channels-last x (N, *spatial, C), channels-last; padding contributes the
+    reduction's identity."""
     rank = x.ndim - 2
     if window.is_tiling:
-        x = to_channels_last(x)
         x = x[(slice(None), *[slice(0, o * k) for o, k in zip(window.out, window.kernel)])]
         tiles = [d for o, k in zip(window.out, window.kernel) for d in (o, k)]
         x = jnp.reshape(x, (x.shape[0], *tiles, x.shape[-1]))
-        reduce_tile = jnp.max if kind == "max" else jnp.sum
-        return to_channels_first(reduce_tile(x, axis=tuple(range(2, 2 + 2 * rank, 2))))
+        combine = jnp.maximum if kind == "max" else jnp.add
+        for axis in range(2 + 2 * (rank - 1), 1, -2):
+            # elementwise over the tile's members rather than a reduction: XLA-CPU fuses a reduction with the
+            # convolution that feeds it into one slow kernel (a small CNN's inference ran 3x slower)
+            x = functools.reduce(combine, [lax.index_in_dim(x, i, axis, keepdims=False) for i in range(x.shape[axis])])
+        return x
     if kind == "max":
-        return to_channels_first(sliding_max(to_channels_last(x), window))
-    return to_channels_first(window_reduce(to_channels_last(x), window, np.array(0, x.dtype), lax.add))
+        return sliding_max(x, window)
+    return window_reduce(x, window, np.array(0, x.dtype), lax.add)
 
 
 def window_reduce(x, window: Window, identity, monoid):
@@ -124,28 +130,28 @@ def accumulation_dtype(dtype):
     return jnp.float32 if jnp.dtype(dtype).itemsize < 4 and jnp.issubdtype(dtype, jnp.floating) else dtype
 
 
-@op("AveragePool", *versions("AveragePool"))
+@op("AveragePool", *versions("AveragePool"), layout=CHANNELS_LAST)
 def average_pool(
     X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None, kernel_shape, pads=None, strides=None
 ):
     window = pool_window(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-    x = X.astype(accumulation_dtype(X.dtype))
+    x = channels_last(X).astype(accumulation_dtype(X.dtype))
     sums = reduce_windows(x, window, "sum")
-    counts = window_counts(window, bool(count_include_pad))
-    return (sums / jnp.asarray(counts, x.dtype)).astype(X.dtype)
+    counts = window_counts(window, bool(count_include_pad))[..., None]  # the channel axis is last
+    return ChannelsLast((sums / jnp.asarray(counts, x.dtype)).astype(X.dtype))
 
 
-@op("MaxPool", *versions("MaxPool"))
+@op("MaxPool", *versions("MaxPool"), layout=CHANNELS_LAST)
 def max_pool(
     X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, pads=None, storage_order=0, strides=None,
     ctx=None,
 ):
     window = pool_window(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-    y = reduce_windows(X, window, "max")
+    y = ChannelsLast(reduce_windows(channels_last(X), window, "max"))
     wants_indices = ctx is not None and len(ctx.node.outputs) > 1 and bool(ctx.node.outputs[1])
     if not wants_indices:
         return y
-    return y, argmax_indices(X, window, storage_order)
+    return y, argmax_indices(channels_first(X), window, storage_order)
 
 
 def argmax_indices(x, window: Window, storage_order: int):
@@ -182,36 +188,39 @@ def argmax_indices(x, window: Window, storage_order: int):
     return index + plane * size
 
 
-@op("LpPool", *versions("LpPool"))
+@op("LpPool", *versions("LpPool"), layout=CHANNELS_LAST)
 def lp_pool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, p=2, pads=None, strides=None):
     """(sum |x|^p)^(1/p) over each window; padding adds nothing to the sum."""
     window = pool_window(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-    x = X.astype(accumulation_dtype(X.dtype))
+    x = channels_last(X).astype(accumulation_dtype(X.dtype))
     powered = reduce_windows(jnp.abs(x) ** p, window, "sum")
-    return (powered ** (1.0 / p)).astype(X.dtype)
+    return ChannelsLast((powered ** (1.0 / p)).astype(X.dtype))
 
 
 def spatial_axes(x) -> tuple[int, ...]:
+    """The spatial axes of channels-last data."""
     if x.ndim < 3:
         raise ValueError(f"X must have a batch, a channel and at least one spatial axis, got shape {x.shape}")
-    return tuple(range(2, x.ndim))
+    return tuple(range(1, x.ndim - 1))
 
 
-@op("GlobalAveragePool", *versions("GlobalAveragePool"))
+@op("GlobalAveragePool", *versions("GlobalAveragePool"), layout=CHANNELS_LAST)
 def global_average_pool(X):
-    return jnp.mean(X, axis=spatial_axes(X), keepdims=True).astype(X.dtype)
+    x = channels_last(X)
+    return ChannelsLast(jnp.mean(x, axis=spatial_axes(x), keepdims=True).astype(X.dtype))
 
 
-@op("GlobalMaxPool", *versions("GlobalMaxPool"))
+@op("GlobalMaxPool", *versions("GlobalMaxPool"), layout=CHANNELS_LAST)
 def global_max_pool(X):
-    return jnp.max(X, axis=spatial_axes(X), keepdims=True)
+    x = channels_last(X)
+    return ChannelsLast(jnp.max(x, axis=spatial_axes(x), keepdims=True))
 
 
-@op("GlobalLpPool", *versions("GlobalLpPool"))
+@op("GlobalLpPool", *versions("GlobalLpPool"), layout=CHANNELS_LAST)
 def global_lp_pool(X, *, p=2):
-    x = X.astype(accumulation_dtype(X.dtype))
-    powered = jnp.sum(jnp.abs(x) ** p, axis=spatial_axes(X), keepdims=True)
-    return (powered ** (1.0 / p)).astype(X.dtype)
+    x = channels_last(X).astype(accumulation_dtype(X.dtype))
+    powered = jnp.sum(jnp.abs(x) ** p, axis=spatial_axes(x), keepdims=True)
+    return ChannelsLast((powered ** (1.0 / p)).astype(X.dtype))
 
 
 @op("MaxUnpool", *versions("MaxUnpool"))

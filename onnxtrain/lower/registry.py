@@ -23,6 +23,7 @@ ML_DOMAIN = "ai.onnx.ml"
 class OpImpl:
     fn: Callable
     wants_ctx: bool
+    layout: str = ""  # layout.ELEMENTWISE or layout.CHANNELS_LAST: the op takes channels-last activations
 
 
 _REGISTRY: dict[tuple[str, str, int], OpImpl] = {}
@@ -32,8 +33,9 @@ def canonical_domain(domain: str) -> str:
     return "" if domain in ("", "ai.onnx") else domain
 
 
-def op(op_type: str, *since_versions: int, domain: str = "") -> Callable[[Callable], Callable]:
-    """Register `fn` as the lowering of `domain::op_type` for each listed since_version."""
+def op(op_type: str, *since_versions: int, domain: str = "", layout: str = "") -> Callable[[Callable], Callable]:
+    """Register `fn` as the lowering of `domain::op_type` for each listed since_version (`layout`: see
+    lower/layout.py)."""
 
     def register(fn: Callable) -> Callable:
         wants_ctx = "ctx" in inspect.signature(fn).parameters
@@ -41,7 +43,7 @@ def op(op_type: str, *since_versions: int, domain: str = "") -> Callable[[Callab
             key = (canonical_domain(domain), op_type, version)
             if key in _REGISTRY:
                 raise RuntimeError(f"{key} registered twice ({_REGISTRY[key].fn.__name__} and {fn.__name__})")
-            _REGISTRY[key] = OpImpl(fn, wants_ctx)
+            _REGISTRY[key] = OpImpl(fn, wants_ctx, layout)
         return fn
 
     return register

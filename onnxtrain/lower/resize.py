@@ -14,7 +14,8 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from .conv import gather_taps, to_channels_first, to_channels_last
+from .conv import gather_taps
+from .layout import CHANNELS_LAST, ChannelsLast, channels_first, channels_last
 from .registry import op, versions
 from .values import static, static_ints
 
@@ -232,18 +233,16 @@ def resize_core(
         for axis, n, out, scale, box in zip(axes, in_sizes, out_sizes, factors, rois)
         if out != n or scale != 1 or box != (0.0, 1.0)  # every mode maps such an axis onto itself
     }
-    y = X.astype(compute_dtype(X.dtype, mode))
+    # an image's spatial axes: resample channels-last, like the convolutions around it (lower/layout.py)
     spatial_only = rank >= 3 and bool(plans) and all(axis >= 2 for axis in plans)
-    if spatial_only:  # an image's spatial axes: resample channels-last, like the convolutions around it
-        y = to_channels_last(y)
+    y = (channels_last(X) if spatial_only else channels_first(X)).astype(compute_dtype(X.dtype, mode))
     for axis, plan in plans.items():
         y = apply_plan(y, axis - 1 if spatial_only else axis, plan, extrapolation_value)
-    if spatial_only:
-        y = to_channels_first(y)
-    return saturate(y, X.dtype)
+    y = saturate(y, X.dtype)
+    return ChannelsLast(y) if spatial_only else y
 
 
-@op("Resize", *versions("Resize", since=11))
+@op("Resize", *versions("Resize", since=11), layout=CHANNELS_LAST)
 def resize(
     X, roi=None, scales=None, sizes=None, *, antialias=0, axes=None, coordinate_transformation_mode="half_pixel",
     cubic_coeff_a=-0.75, exclude_outside=0, extrapolation_value=0.0, keep_aspect_ratio_policy="stretch",
@@ -268,18 +267,18 @@ def legacy_resize(X, scales, mode: str):
                        nearest_mode=LEGACY_NEAREST)
 
 
-@op("Resize", 10)
-@op("Upsample", *versions("Upsample", since=9))
+@op("Resize", 10, layout=CHANNELS_LAST)
+@op("Upsample", *versions("Upsample", since=9), layout=CHANNELS_LAST)
 def resize_v10(X, scales, *, mode="nearest"):
     return legacy_resize(X, scales, mode)
 
 
-@op("Upsample", 7)
+@op("Upsample", 7, layout=CHANNELS_LAST)
 def upsample_v7(X, *, mode="nearest", scales):
     return legacy_resize(X, np.asarray(scales, np.float32), mode)
 
 
-@op("Upsample", 1)
+@op("Upsample", 1, layout=CHANNELS_LAST)
 def upsample_v1(X, *, mode="nearest", height_scale, width_scale):
     if X.ndim != 4:
         raise ValueError(f"Upsample-1 takes a 4-D input, got shape {X.shape}")

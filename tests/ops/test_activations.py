@@ -10,9 +10,9 @@ import onnx
 import pytest
 
 import onnxtrain
-from nodes import assert_matches_reference, node_model
+from nodes import assert_matches_reference, node_model, lowering
 from onnxtrain.errors import NodeError
-from onnxtrain.lower.registry import lookup, schema_for
+from onnxtrain.lower.registry import schema_for
 
 X = np.array([[-3.0, -1.0, -0.25, 0.0], [0.25, 1.0, 2.5, 40.0]])
 
@@ -20,10 +20,6 @@ X = np.array([[-3.0, -1.0, -0.25, 0.0], [0.25, 1.0, 2.5, 40.0]])
 def ours(op_type: str, inputs: dict[str, np.ndarray], opset: int | None = None, **attrs) -> np.ndarray:
     model = node_model(op_type, inputs, opset=opset, **attrs)
     return np.asarray(onnxtrain.load(model, check=False).infer(inputs)["out0"])
-
-
-def lowering(op_type: str, opset: int = onnx.defs.onnx_opset_version()):
-    return lookup("", op_type, schema_for("", op_type, opset).since_version).fn
 
 
 CASES = [

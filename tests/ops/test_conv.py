@@ -12,21 +12,14 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 
 import onnxtrain
-from nodes import assert_matches_reference, node_model, run_both
+from nodes import assert_matches_reference, node_model, run_both, lowering
 from onnxtrain.errors import NodeError
-from onnxtrain.lower.registry import lookup
 
 RNG = np.random.default_rng(0)
 
 
 def rand(*shape, dtype=np.float32):
     return RNG.standard_normal(shape).astype(dtype)
-
-
-def lowering(op_type: str):
-    """The function registered for the latest opset of `op_type` (to differentiate it with jax.grad)."""
-    schema = onnx.defs.get_schema(op_type, onnx.defs.onnx_opset_version())
-    return lookup("", op_type, schema.since_version).fn
 
 
 def assert_gradient_matches_reference(
@@ -67,6 +60,7 @@ def assert_gradient_matches_reference(
         ((1, 3, 7, 7), (2, 3, 3, 3), dict(auto_pad="SAME_UPPER", strides=[2, 2])),
         ((1, 3, 8, 7), (2, 3, 4, 2), dict(auto_pad="SAME_LOWER", strides=[3, 2], dilations=[1, 2])),
         ((1, 3, 8, 7), (2, 3, 3, 2), dict(auto_pad="VALID", strides=[2, 2])),
+        ((2, 8, 7, 6), (5, 8, 3, 3), dict(strides=[2, 1], dilations=[1, 2], pads=[1, 2, 0, 1])),  # XLA's conv
     ],
 )
 def test_conv_geometries(x_shape, w_shape, attrs):
@@ -131,6 +125,13 @@ def test_conv_errors_name_the_problem():
 def test_conv_gradient(wrt):
     inputs = {"X": rand(2, 4, 6, 5, dtype=np.float64), "W": rand(6, 2, 3, 2, dtype=np.float64)}
     assert_gradient_matches_reference("Conv", inputs, wrt, group=2, strides=[2, 1], pads=[1, 0, 0, 1])
+
+
+@pytest.mark.parametrize("wrt", ["X", "W"])
+def test_shallow_conv_gradient(wrt):
+    """Few input channels take the multiply-add form on CPU, differentiated as an im2col product."""
+    inputs = {"X": rand(2, 3, 9, 8, dtype=np.float64), "W": rand(4, 3, 3, 2, dtype=np.float64)}
+    assert_gradient_matches_reference("Conv", inputs, wrt, strides=[2, 1], dilations=[1, 2], pads=[1, 0, 2, 1])
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnxtrain
-from nodes import assert_matches_reference, node_model
+from nodes import assert_matches_reference, node_model, lowering
 from onnxtrain.errors import NodeError
-from onnxtrain.lower.registry import lookup, schema_for
 
 RNG = np.random.default_rng(0)
 
@@ -19,10 +18,6 @@ RNG = np.random.default_rng(0)
 def ours(op_type: str, inputs: dict[str, np.ndarray], opset: int | None = None, **attrs) -> np.ndarray:
     model = node_model(op_type, inputs, opset=opset, **attrs)
     return np.asarray(onnxtrain.load(model, check=False).infer(inputs)["out0"])
-
-
-def lowering(op_type: str, opset: int = onnx.defs.onnx_opset_version()):
-    return lookup("", op_type, schema_for("", op_type, opset).since_version).fn
 
 
 @pytest.mark.parametrize(("a_shape", "b_shape"), [((3,), (3, 2)), ((2, 3), (3,)), ((3,), (3,)),

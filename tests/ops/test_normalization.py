@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 import onnxtrain
 from nodes import assert_matches_reference, node_model
 from onnxtrain.lower import normalization as norm
+from onnxtrain.lower.layout import channels_first
 from training_models import model as training_model
 from training_models import tensor, vi
 from nodes import run_outputs as run
@@ -119,8 +120,9 @@ def test_batch_norm_opset7_non_spatial():
     model = node_model("BatchNormalization", inputs, n_outputs=5, opset=7, spatial=0)
     y, running_mean, *_ = run(model, inputs)
     mean, var = x.mean(axis=0), x.var(axis=0)
-    want = (x - mean) / np.sqrt(var + 1e-5) * params["scale"] + params["bias"]
-    np.testing.assert_allclose(y, want, rtol=1e-10)  # epsilon is a float32 attribute
+    epsilon = float(np.float32(1e-5))  # a float attribute is a float32
+    want = (x - mean) / np.sqrt(var + epsilon) * params["scale"] + params["bias"]
+    np.testing.assert_allclose(y, want, rtol=1e-12)
     momentum = float(np.float32(0.9))
     np.testing.assert_allclose(running_mean, params["mean"] * momentum + mean * (1 - momentum), rtol=1e-12)
 
@@ -129,9 +131,9 @@ def test_batch_norm_training_gradient():
     inputs = {k: v.astype(np.float64) for k, v in bn_inputs().items()}
 
     def loss(x, scale):
-        y = norm.batch_normalization(
+        y = channels_first(norm.batch_normalization(
             x, scale, inputs["bias"], inputs["mean"], inputs["var"], epsilon=1e-5, momentum=0.9, training_mode=1
-        )[0]
+        )[0])
         return jnp.sum(y * jnp.arange(y.size).reshape(y.shape))
 
     check_grads(loss, (inputs["x"], inputs["scale"]), order=1, modes=["rev"])

@@ -9,9 +9,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnxtrain
-from nodes import node_model
+from nodes import node_model, lowering
 from onnxtrain.errors import NodeError
-from onnxtrain.lower.registry import lookup, schema_for
 
 REDUCTIONS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
               "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"]
@@ -42,10 +41,6 @@ def matches_reference(op_type: str, x: np.ndarray, axes_input: list[int] | None 
     assert mine.dtype == reference.dtype and mine.shape == reference.shape, (mine, reference)
     np.testing.assert_allclose(mine, reference, rtol=rtol)
     return mine
-
-
-def lowering(op_type: str, opset: int = onnx.defs.onnx_opset_version()):
-    return lookup("", op_type, schema_for("", op_type, opset).since_version).fn
 
 
 @pytest.mark.parametrize("op_type", REDUCTIONS)

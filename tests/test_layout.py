@@ -1,0 +1,103 @@
+"""Channels-last activations between convolutions, pools and elementwise ops (onnxtrain/lower/layout.py):
+every value the model can observe equals onnx's reference, whichever way it was held inside, and the layout
+really saves the transposes it exists for."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import onnxtrain
+from nodes import graph_model, run_both, value
+
+RNG = np.random.default_rng(0)
+
+
+def rand(*shape) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def chain_model(opset: int = 21) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Conv, then elementwise ops of every operand kind (per-channel [C,1,1], scalar, full channels-first
+    array, another channels-last value, a rank-5 operand that forces the channels-first form), pools and
+    BatchNormalization, with intermediate values as graph outputs too."""
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["X", "W", "B"], ["c"], pads=[1, 1, 1, 1]),
+        n("Relu", ["c"], ["r"]),
+        n("Add", ["r", "bias"], ["a"]),  # [4, 1, 1] per-channel operand
+        n("PRelu", ["a", "slope"], ["p"]),
+        n("Mul", ["p", "half"], ["m"]),  # scalar operand
+        n("Sub", ["m", "full"], ["s"]),  # full-size channels-first operand
+        n("Add", ["s", "c"], ["res"]),  # two channels-last values
+        n("MaxPool", ["res"], ["mp"], kernel_shape=[2, 2], strides=[2, 2]),
+        n("BatchNormalization", ["mp", "scale", "shift", "mean", "var"], ["bn"]),
+        n("Sigmoid", ["bn"], ["sg"]),
+        n("AveragePool", ["sg"], ["ap"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=0),
+        n("Conv", ["ap", "W2"], ["c2"], strides=[2, 2]),
+        n("Add", ["c2", "deep"], ["wide"]),  # [5, 1, 1, 1, 1] operand: the result has rank 5
+        n("GlobalAveragePool", ["c2"], ["g"]),
+        n("Flatten", ["g"], ["Y"]),
+    ]
+    weights = {
+        "W": rand(4, 3, 3, 3), "B": rand(4), "bias": rand(4, 1, 1), "slope": np.abs(rand(4, 1, 1)),
+        "half": np.array(0.5, np.float32), "full": rand(2, 4, 8, 8), "scale": rand(4), "shift": rand(4),
+        "mean": rand(4), "var": np.abs(rand(4)) + 0.5, "W2": rand(6, 4, 3, 3), "deep": rand(5, 1, 1, 1, 1),
+    }
+    outputs = ["r", "res", "mp", "ap", "c2", "wide", "Y"]
+    model = graph_model(nodes, [value("X", TensorProto.FLOAT, [2, 3, 8, 8])], outputs, weights, opset=opset)
+    return model, {"X": rand(2, 3, 8, 8)}
+
+
+def test_every_observable_value_matches_the_reference():
+    model, feeds = chain_model()
+    ours, theirs = run_both(model, feeds)
+    for name, mine, ref in zip(["r", "res", "mp", "ap", "c2", "wide", "Y"], ours, theirs):
+        assert mine.shape == ref.shape, name
+        np.testing.assert_allclose(mine, ref, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_gradient_through_channels_last_values_matches_central_differences():
+    model, feeds = chain_model()
+    fn, params = onnxtrain.load(model, check=False).jax_function()
+
+    def loss(p: dict) -> jax.Array:
+        return (fn(p, feeds)["Y"] ** 2).sum()
+
+    with jax.enable_x64(True):
+        params64 = {k: np.asarray(v, np.float64) for k, v in params.items()}
+        feeds = {k: v.astype(np.float64) for k, v in feeds.items()}
+        grads = jax.grad(loss)(params64)
+        rng = np.random.default_rng(1)
+        for name in ("W", "bias", "scale", "W2"):
+            direction = rng.standard_normal(params64[name].shape)
+            eps = 1e-6
+            plus = loss({**params64, name: params64[name] + eps * direction})
+            minus = loss({**params64, name: params64[name] - eps * direction})
+            np.testing.assert_allclose((grads[name] * direction).sum(), (plus - minus) / (2 * eps), rtol=1e-6,
+                                       err_msg=name)
+
+
+def count_transposes(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> int:
+    fn, params = onnxtrain.load(model, check=False).jax_function()
+    jaxpr = jax.make_jaxpr(lambda p: jax.grad(lambda q: fn(q, feeds)["Y"].sum())(p))(params)
+    return sum(str(eq.primitive) == "transpose" for eq in jaxpr.jaxpr.eqns)
+
+
+@pytest.mark.parametrize("between", ["Relu", "LeakyRelu", "Sigmoid"])
+def test_a_cnn_gradient_transposes_only_at_the_boundaries(between: str):
+    """Conv, an activation, MaxPool, Conv, an activation, Flatten: activations stay channels-last, so the
+    forward and backward passes transpose X, the two kernels, the Flatten input and the gradients of those
+    (at most 8), not every activation and its gradient (12 and more before)."""
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["X", "W1"], ["c1"], pads=[1, 1, 1, 1]), n(between, ["c1"], ["a1"]),
+        n("MaxPool", ["a1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        n("Conv", ["p1", "W2"], ["c2"]), n(between, ["c2"], ["a2"]), n("Flatten", ["a2"], ["Y"]),
+    ]
+    weights = {"W1": rand(4, 2, 3, 3), "W2": rand(5, 4, 3, 3)}
+    model = graph_model(nodes, [value("X", TensorProto.FLOAT, [2, 2, 8, 8])], ["Y"], weights)
+    assert count_transposes(model, {"X": rand(2, 2, 8, 8)}) <= 8
