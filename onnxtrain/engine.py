@@ -20,7 +20,7 @@ import onnx
 from .cache import enable_compilation_cache
 from .dtypes import is_float
 from .errors import StateError
-from .feeds import check_feeds
+from .feeds import FeedChecker
 from .lower.graph import Runtime, Scope, run_graph, run_nodes
 from .model import Graph, ModelSource, ValueInfo, build_graph, check_model, model_resolver, raise_if_missing
 from .model import read_model
@@ -89,7 +89,8 @@ class Engine:
             self._state = self._placement.put(self._initial_state)
 
         self.required_inputs, self.optional_inputs = feed_lists([self.graph])
-        self._train_feeds = [feed_lists([self.graph, a.algorithm]) for a in self.algorithms]
+        self._infer_feeds = FeedChecker(self.required_inputs, self.optional_inputs)
+        self._train_feeds = [FeedChecker(*feed_lists([self.graph, a.algorithm])) for a in self.algorithms]
         self._declared = {i.name: i for g in [self.graph] + [a.algorithm for a in self.algorithms] for i in g.inputs}
         self.matmul_precision = matmul_precision
         self._infer = Program(self._infer_body, self.graph.nodes, matmul_precision=matmul_precision)
@@ -174,12 +175,12 @@ class Engine:
     def check_feeds(self, feeds: Mapping[str, Any], algorithm: int | None = None) -> dict[str, Any]:
         """Validate feeds for `infer` (algorithm None) or for `train_step(algorithm=k)`; FeedError if wrong."""
         if algorithm is None:
-            return check_feeds(feeds, self.required_inputs, self.optional_inputs)
+            return self._infer_feeds(feeds)
         if not 0 <= algorithm < len(self.algorithms):
             raise StateError(
                 f"algorithm {algorithm} does not exist: the model has {len(self.algorithms)} TrainingInfoProto(s)"
             )
-        return check_feeds(feeds, *self._train_feeds[algorithm])
+        return self._train_feeds[algorithm](feeds)
 
     def infer(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """Run ModelProto.graph on `feeds` with the current state; returns {output name: array}."""

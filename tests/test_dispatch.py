@@ -1,0 +1,72 @@
+"""The per-call path of infer/train_step: feed checks remembered per signature, one compile per signature, the
+matmul precision compiled in, static feeds still recompiled per value."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import onnxtrain
+from onnxtrain.errors import FeedError
+
+
+def matmul_model() -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "b"], ["y"])], "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", 3]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [3, "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "n"])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_remembered_signature_still_rejects_wrong_feeds():
+    engine = onnxtrain.load(matmul_model())
+    a, b = np.ones((2, 3), np.float32), np.ones((3, 2), np.float32)
+    np.testing.assert_allclose(engine.infer({"a": a, "b": b})["y"], np.full((2, 2), 3.0))
+    with pytest.raises(FeedError, match="dtype"):
+        engine.infer({"a": a.astype(np.float64), "b": b})
+    with pytest.raises(FeedError, match="'n'"):
+        engine.infer({"a": np.ones((4, 3), np.float32), "b": b})
+    with pytest.raises(FeedError, match="missing"):
+        engine.infer({"a": a})
+    np.testing.assert_allclose(engine.infer({"a": a, "b": b})["y"], np.full((2, 2), 3.0))
+
+
+def test_one_trace_per_signature():
+    engine = onnxtrain.load(matmul_model())
+    for n in (2, 2, 2, 5, 5, 2):
+        a, b = jax.numpy.ones((n, 3)), jax.numpy.ones((3, n))
+        np.testing.assert_allclose(engine.infer({"a": a, "b": b})["y"], np.full((n, n), 3.0))
+    assert engine.trace_count == 2
+
+
+@pytest.mark.parametrize("precision, expected", [("highest", "HIGHEST"), ("default", "DEFAULT")])
+def test_matmul_precision_is_compiled_in(precision: str, expected: str):
+    """Set while tracing, not around each call: the StableHLO must carry it."""
+    engine = onnxtrain.load(matmul_model(), matmul_precision=precision)
+    feeds = {"a": np.ones((2, 3), np.float32), "b": np.ones((3, 2), np.float32)}
+    engine.infer(feeds)
+    (compiled,) = engine._infer.cache.values()
+    with jax.enable_x64(True):
+        text = compiled.lower(engine._state, engine._main_consts, engine._key, feeds).as_text()
+    dots = [line for line in text.splitlines() if "dot_general" in line]
+    assert dots and all(f"precision = [{expected}, {expected}]" in line for line in dots)
+
+
+def test_a_static_feed_is_still_compiled_per_value_after_the_fast_path_warmed_up():
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6]),
+         helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None])],
+    )
+    engine = onnxtrain.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = np.arange(6, dtype=np.float32)
+    with pytest.warns(UserWarning, match="compiled in as constants"):
+        assert engine.infer({"x": x, "shape": np.array([2, 3])})["y"].shape == (2, 3)
+    assert engine.infer({"x": x, "shape": np.array([3, 2])})["y"].shape == (3, 2)
+    assert engine.infer({"x": x, "shape": np.array([2, 3])})["y"].shape == (2, 3)
