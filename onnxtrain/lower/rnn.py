@@ -71,15 +71,17 @@ def per_direction(bound: Sequence[tuple]) -> Activation:
 class Weights:
     """What a step reads besides its input projection: recurrence weights and biases, peepholes."""
 
-    R: Array  # [D, gates*H, H]
+    R: Array  # [D, H, gates*H]: ONNX's R transposed once, outside the loop
     Rb: Array  # [D, gates*H]
-    P: Array | None  # [D, 3*H], LSTM only
+    P: Array | None  # [D, 3*H], LSTM only; None without peepholes (zeros would still cost three products)
     clip: Callable[[Array], Array]  # applied to every gate's pre-activation
 
 
 def recur(h: Array, R: Array) -> Array:
-    """h·Rᵀ for every direction: [D, B, H] x [D, G, H] -> [D, B, G]."""
-    return jnp.einsum("dbh,dgh->dbg", h, R)
+    """h·Rᵀ for every direction: [D, B, H] x [D, H, G] -> [D, B, G]."""
+    if h.shape[0] == 1:
+        return (h[0] @ R[0])[None]
+    return jnp.einsum("dbh,dhg->dbg", h, R)
 
 
 def bias(b: Array) -> Array:
@@ -96,7 +98,7 @@ def gru_cell(x: Array, state: tuple, w: Weights, acts: Sequence[Activation], lin
     f, g = acts
     hidden = h.shape[-1]
     x_zr, x_h = x[..., : 2 * hidden], x[..., 2 * hidden :]
-    R_zr, R_h = w.R[:, : 2 * hidden], w.R[:, 2 * hidden :]
+    R_zr, R_h = w.R[..., : 2 * hidden], w.R[..., 2 * hidden :]
     Rb_zr, Rb_h = w.Rb[:, : 2 * hidden], w.Rb[:, 2 * hidden :]
     z, r = jnp.split(f(w.clip(x_zr + recur(h, R_zr) + bias(Rb_zr))), 2, axis=-1)
     if linear_before_reset:
@@ -110,11 +112,13 @@ def lstm_cell(x: Array, state: tuple, w: Weights, acts: Sequence[Activation], in
     h, c = state
     f, g, act_h = acts
     gi, go, gf, gc = jnp.split(x + recur(h, w.R) + bias(w.Rb), 4, axis=-1)
-    p_i, p_o, p_f = (bias(p) for p in jnp.split(w.P, 3, axis=-1))
-    i = f(w.clip(gi + p_i * c))
-    forget = 1 - i if input_forget else f(w.clip(gf + p_f * c))
+    if w.P is not None:
+        p_i, p_o, p_f = (bias(p) for p in jnp.split(w.P, 3, axis=-1))
+        gi, gf = gi + p_i * c, gf + p_f * c
+    i = f(w.clip(gi))
+    forget = 1 - i if input_forget else f(w.clip(gf))
     c_new = forget * c + i * g(w.clip(gc))
-    o = f(w.clip(go + p_o * c_new))
+    o = f(w.clip(go if w.P is None else go + p_o * c_new))
     return o * act_h(c_new), c_new
 
 
@@ -175,7 +179,6 @@ def recurrence(
     states = tuple(jnp.zeros((D, batch, hidden), dtype) if s is None else jnp.asarray(s) for s in initial)
     B = jnp.zeros((D, 2 * kind.gates * hidden), dtype) if B is None else B
     Wb, Rb = jnp.split(B, 2, axis=-1)
-    P = jnp.zeros((D, 3 * hidden), dtype) if P is None and kind.n_states == 2 else P
 
     lengths = None if sequence_lens is None else jnp.asarray(sequence_lens)
     if sequence_lens is not None and is_static(sequence_lens) and np.all(np.asarray(sequence_lens) == steps):
@@ -185,7 +188,7 @@ def recurrence(
 
     acts = activation_functions(kind, D, activations, activation_alpha, activation_beta)
     limit = (lambda x: x) if clip is None else (lambda x: jnp.clip(x, -clip, clip))
-    weights = Weights(jnp.asarray(R), Rb, P, limit)
+    weights = Weights(jnp.swapaxes(jnp.asarray(R), 1, 2), Rb, P, limit)
     mask = None if lengths is None else (jnp.arange(steps)[:, None] < lengths[None, :])[:, None, :, None]
 
     def step(carry: tuple, xs: tuple) -> tuple:
