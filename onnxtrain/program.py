@@ -85,10 +85,10 @@ class Program:
         if fn is None:
 
             def traced(*arrays):
-                self.trace_count += 1
                 # the precision is read while tracing, so it is set here, not around every call
                 with jax.default_matmul_precision(self.matmul_precision):
                     state, outputs = self.body(*arrays, static)
+                self.trace_count += 1  # counted once complete: a trace that stops to specialise a feed is not one
                 host = {n: v for n, v in outputs.items() if host_only(v)}
                 self.host_outputs[key] = host
                 return state, {n: v for n, v in outputs.items() if n not in host}

@@ -70,3 +70,4 @@ def test_a_static_feed_is_still_compiled_per_value_after_the_fast_path_warmed_up
         assert engine.infer({"x": x, "shape": np.array([2, 3])})["y"].shape == (2, 3)
     assert engine.infer({"x": x, "shape": np.array([3, 2])})["y"].shape == (3, 2)
     assert engine.infer({"x": x, "shape": np.array([2, 3])})["y"].shape == (2, 3)
+    assert engine.trace_count == 2  # one per distinct shape value; the trace that found the static feed stopped
