@@ -2,9 +2,11 @@
 
     python benchmarks/run.py [--steps 200] [--batch 64] [--models mlp,cnn,transformer,lstm] [--quick] [--write]
 
-Everything is timed in this one process, in rounds that alternate between the peers. Peak memory is measured in
-child processes (one per model and peer) because a process's peak RSS cannot be shared. `--write` puts the table,
-the machine and the command into benchmarks/README.md. See that file for what each row means.
+Everything is timed in this one process, in rounds that alternate between the peers, except ONNX Runtime training:
+it needs its own environment (see README.md), so benchmarks/ort_training.py times it there, in a child process,
+right after the in-process peers' medians of that model. Peak memory is measured in child processes (one per model
+and peer) because a process's peak RSS cannot be shared. `--write` puts the table, the machine and the command into
+benchmarks/README.md. See that file for what each row means.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +28,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import onnx
 import onnxruntime
 import optax
 import torch
@@ -32,13 +37,15 @@ from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).parent))
 import onnxtrain  # noqa: E402
-from models import MODELS, build  # noqa: E402
-from peers import PEERS, first_call, interleaved, make_batch  # noqa: E402
+from models import MODELS, Bench, build  # noqa: E402
+from peers import BETA1, BETA2, EPS, LR, PEERS, Batch, first_call, interleaved, make_batch  # noqa: E402
 
 HERE = Path(__file__).parent
+# onnxruntime-training installs the same `onnxruntime` module as the inference package imported here: see README.md
+ORT_TRAINING_PYTHON = Path(os.environ.get("ORT_TRAINING_PYTHON") or HERE / ".ort-training" / "bin" / "python")
 README = HERE / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
-COLUMNS = {"onnxtrain": "onnxtrain", "jax": "JAX", "torch": "PyTorch", "ort": "ORT"}
+COLUMNS = {"onnxtrain": "onnxtrain", "jax": "JAX", "torch": "PyTorch", "ort": "ORT", "ort_training": "ORT training"}
 PEER_ORDER = list(COLUMNS)
 
 
@@ -99,12 +106,42 @@ def model_rows(name: str, plan: Plan) -> list[Row]:
         for _ in range(plan.warmup + (0 if key in first else 1)):  # torch and ORT: their first call untimed
             call()
     median = interleaved(calls, plan.steps, plan.rounds)
+    ort = ort_training(name, bench, data, plan)  # right after, so the machine's drift between them is least
+    if ort:
+        median["train", "ort_training"], first["train", "ort_training"] = ort["median"], ort["first"]
     rows = []
     for kind, label in (("train", "train step (ms)"), ("infer", "infer (ms)")):
         rows.append(Row(name, label, {p: median[(k, p)] * 1e3 for k, p in median if k == kind}))
     for kind, label in (("train", "first call, train step (s)"), ("infer", "first call, infer (s)")):
         rows.append(Row(name, label, {p: first[(k, p)] for k, p in first if k == kind}))
     return rows
+
+
+def ort_training(name: str, bench: Bench, data: Batch, plan: Plan) -> dict[str, Any] | None:
+    """ONNX Runtime training's train step, timed by ort_training.py under ORT_TRAINING_PYTHON with this plan and
+    the suite's Adam settings: its JSON result, or None (after saying why) when there is none."""
+    if not ORT_TRAINING_PYTHON.exists():
+        print(f"# ORT training: not measured, no {ORT_TRAINING_PYTHON} (see benchmarks/README.md)", flush=True)
+        return None
+    with tempfile.TemporaryDirectory() as folder:
+        model, batch = Path(folder) / "model.onnx", Path(folder) / "batch.npz"
+        onnx.save(bench.model, model)
+        np.savez(batch, x=data.x, y=data.y)
+        command = [str(ORT_TRAINING_PYTHON), str(HERE / "ort_training.py"), str(model), str(batch),
+                   "--steps", str(plan.steps), "--rounds", str(plan.rounds), "--warmup", str(plan.warmup),
+                   "--lr", str(LR), "--betas", str(BETA1), str(BETA2), "--eps", str(EPS)]
+        done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:  # a model ORT cannot train is a missing cell, not a failed suite
+        reason = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        print(f"# ORT training, {name}: not measured: {reason}", flush=True)
+        return None
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    threads = {"0": "ORT's default threads", "1": "1 thread"}
+    per_setting = ", ".join(f"{seconds * 1e3:.3g} ms with {threads.get(t, t + ' threads')}"
+                            for t, seconds in result["medians"].items())
+    print(f"# ORT training {result['onnxruntime']}, {name}: {per_setting}; generate_artifacts "
+          f"{result['artifacts']:.2f} s", flush=True)
+    return result
 
 
 def memory_rows(name: str, plan: Plan) -> list[Row]:
@@ -196,8 +233,13 @@ def machine() -> str:
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     found = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
     cpu = found.group(1).strip() if found else platform.processor() or platform.machine()
+    training = ""
+    if ORT_TRAINING_PYTHON.exists():  # the script's --version answers only where the training API imports
+        probe = subprocess.run([str(ORT_TRAINING_PYTHON), str(HERE / "ort_training.py"), "--version"],
+                               capture_output=True, text=True)
+        training = f", onnxruntime-training {probe.stdout.strip()}" if probe.returncode == 0 else ""
     return (f"{cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, jax {jax.__version__}, "
-            f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, onnxtrain "
+            f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}{training}, onnxtrain "
             f"{getattr(onnxtrain, '__version__', '?')}")
 
 
