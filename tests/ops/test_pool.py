@@ -244,6 +244,25 @@ def test_max_pool_gradient_goes_to_the_first_of_ties():
     np.testing.assert_array_equal(np.asarray(grad)[0, 0], expected)
 
 
+@pytest.mark.parametrize("kernel", [[2], [2, 3], [2, 1, 2]])
+def test_tiled_max_pool_gradient_goes_to_the_first_of_ties(kernel):
+    """Non-overlapping windows (their own gradient code) over a constant input, 1-D to 3-D."""
+    spatial = [k * 2 for k in kernel]
+    x = np.ones((2, 3, *spatial))
+    with jax.enable_x64(True):
+        pool = lowering("MaxPool")
+        grad = np.asarray(jax.grad(lambda v: pool(v, kernel_shape=kernel, strides=kernel).sum())(x))
+    expected = np.zeros(spatial)
+    expected[tuple(slice(0, None, k) for k in kernel)] = 1  # the first element of each tile
+    np.testing.assert_array_equal(grad, np.broadcast_to(expected, x.shape))
+
+
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+def test_tiled_3d_pool_gradient(op_type):
+    assert_gradient_matches_reference(op_type, {"X": rand(2, 3, 4, 5, 6, dtype=np.float64)}, "X",
+                                      kernel_shape=[2, 1, 3], strides=[2, 1, 3])
+
+
 def test_pool_errors_name_the_problem():
     x = rand(1, 1, 4, 4)
     with pytest.raises(NodeError, match="kernel_shape"):
