@@ -43,7 +43,6 @@ def lowest(dtype) -> np.generic:
 def reduce_windows(x, window: Window, kind: str):
     """Max or sum of every window of channels-last x (N, *spatial, C), channels-last; padding contributes the
     reduction's identity."""
-    rank = x.ndim - 2
     if window.is_tiling:
         x = x[(slice(None), *[slice(0, o * k) for o, k in zip(window.out, window.kernel)])]
         tiles = [d for o, k in zip(window.out, window.kernel) for d in (o, k)]
