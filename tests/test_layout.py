@@ -101,3 +101,32 @@ def test_a_cnn_gradient_transposes_only_at_the_boundaries(between: str):
     weights = {"W1": rand(4, 2, 3, 3), "W2": rand(5, 4, 3, 3)}
     model = graph_model(nodes, [value("X", TensorProto.FLOAT, [2, 2, 8, 8])], ["Y"], weights)
     assert count_transposes(model, {"X": rand(2, 2, 8, 8)}) <= 8
+
+
+@pytest.mark.parametrize("pool", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize("conv_attrs", [dict(pads=[1, 1, 1, 1]), dict(strides=[2, 1], dilations=[1, 2], pads=[2, 0, 1, 3])])
+def test_a_pool_reading_a_shallow_convolution_at_its_window_offsets(pool: str, conv_attrs: dict):
+    """A tiled pool after a few-channel convolution and elementwise ops evaluates them at each window offset
+    (layout.ChannelsLast.at), an odd-sized remainder cropped: values and gradients as the reference's."""
+    n = helper.make_node
+    nodes = [n("Conv", ["X", "W", "B"], ["c"], **conv_attrs), n("Relu", ["c"], ["r"]),
+             n("Mul", ["r", "gain"], ["m"]), n(pool, ["m"], ["Y"], kernel_shape=[2, 3], strides=[2, 3])]
+    weights = {"W": rand(5, 2, 3, 2), "B": rand(5), "gain": rand(1, 5, 1, 1)}
+    model = graph_model(nodes, [value("X", TensorProto.FLOAT, [3, 2, 9, 11])], ["Y"], weights)
+    feeds = {"X": rand(3, 2, 9, 11)}
+    ours, theirs = run_both(model, feeds)
+    np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-5)
+    fn, params = onnxtrain.load(model, check=False).jax_function()
+    with jax.enable_x64(True):
+        params64 = {k: np.asarray(v, np.float64) for k, v in params.items()}
+        x64 = {"X": feeds["X"].astype(np.float64)}
+
+        def loss(p: dict) -> jax.Array:
+            return (fn(p, x64)["Y"] ** 2).sum()
+
+        grad = jax.grad(loss)(params64)["W"]
+        direction = np.random.default_rng(2).standard_normal(grad.shape)
+        eps = 1e-6
+        numeric = (loss({**params64, "W": params64["W"] + eps * direction})
+                   - loss({**params64, "W": params64["W"] - eps * direction})) / (2 * eps)
+        np.testing.assert_allclose((grad * direction).sum(), numeric, rtol=1e-6)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .layout import CHANNELS_LAST, ChannelsLast, channels_first, channels_last
+from .layout import CHANNELS_LAST, ChannelsLast, Grid, channels_first, channels_last, strided
 from .registry import op, versions
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -156,14 +156,17 @@ def convolve(
         raise ValueError(f"W's {w.shape[0]} output channels do not divide into {groups} groups")
     geometry = (tuple(strides), tuple(tuple(p) for p in padding), tuple(dilations))
     x, w = channels_last(x), jnp.transpose(w, (*range(2, rank + 2), 1, 0))
+    bias = None if bias is None else jnp.asarray(bias)
     if inference and groups == 1 and not input_dilation and accumulate is None and is_shallow(w):
-        y = lax.platform_dependent(x, w, cpu=partial(shallow_convolution, geometry=geometry),
-                                   default=partial(xla_convolution, geometry=geometry))
-    else:
-        y = xla_convolution(x, w, geometry, groups, input_dilation, accumulate)
-    if bias is not None:  # added channels-last, where it broadcasts along the minor axis
-        y = y + jnp.asarray(bias).astype(y.dtype)
-    return ChannelsLast(y)
+
+        def at(grid: Grid | None):
+            y = lax.platform_dependent(x, w, cpu=partial(shallow_convolution, geometry=geometry, grid=grid),
+                                       default=partial(_xla_convolution_at, geometry=geometry, grid=grid))
+            return y if bias is None else y + bias.astype(y.dtype)  # channels-last: along the minor axis
+
+        return ChannelsLast(at(None), at)
+    y = xla_convolution(x, w, geometry, groups, input_dilation, accumulate)
+    return ChannelsLast(y if bias is None else y + bias.astype(y.dtype))
 
 
 def xla_convolution(x, w, geometry, groups: int = 1, input_dilation: Sequence[int] | None = None, accumulate=None):
@@ -203,42 +206,58 @@ def is_shallow(w) -> bool:
 
 
 def window_views(padded, kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int],
-                 out: Sequence[int]):
+                 out: Sequence[int], origin: Sequence[int] | None = None):
     """For each kernel offset, the strided view of channels-last `padded` (N, *spatial, C) that the offset's tap
-    reads across all windows: the (N, *out, C) operands of a convolution or pooling written as shifted slices."""
+    reads across all windows (the first window at `origin`): the (N, *out, C) operands of a convolution or
+    pooling written as shifted slices."""
+    origin = origin or (0,) * len(kernel)
     for offset in itertools.product(*[range(k) for k in kernel]):
-        start = [0, *[j * d for j, d in zip(offset, dilations)], 0]
+        start = [0, *[o + j * d for o, j, d in zip(origin, offset, dilations)], 0]
         limit = [padded.shape[0], *[b + (o - 1) * s + 1 for b, o, s in zip(start[1:], out, strides)],
                  padded.shape[-1]]
         yield offset, lax.slice(padded, start, limit, (1, *strides, 1))
 
 
-def _shallow_views(x, w, geometry):
+def _shallow_views(x, w, geometry, grid: Grid | None):
+    """The shifted views of each kernel tap, for the output positions of `grid` (all of them if None)."""
     strides, padding, dilations = geometry
     padded = lax.pad(x, np.zeros((), x.dtype), [(0, 0, 0), *[(b, e, 0) for b, e in padding], (0, 0, 0)])
-    spans = [(k - 1) * d + 1 for k, d in zip(w.shape[:-2], dilations)]
-    out = [(size - span) // s + 1 for size, span, s in zip(padded.shape[1:-1], spans, strides)]
-    return window_views(padded, w.shape[:-2], strides, dilations, out)
+    if grid is None:
+        spans = [(k - 1) * d + 1 for k, d in zip(w.shape[:-2], dilations)]
+        out = [(size - span) // s + 1 for size, span, s in zip(padded.shape[1:-1], spans, strides)]
+        grid = ((0,) * len(out), (1,) * len(out), tuple(out))
+    starts, steps, counts = grid
+    # output position p reads padded input p * stride + tap * dilation
+    outer = tuple(p * s for p, s in zip(starts, strides))
+    for offset, view in window_views(padded, w.shape[:-2], [t * s for t, s in zip(steps, strides)], dilations,
+                                     counts, outer):
+        yield offset, view
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(2,))
-def shallow_convolution(x, w, geometry):
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def shallow_convolution(x, w, geometry, grid: Grid | None = None):
     """A convolution over few input channels (channels-last x, kernel (*K, I, O)) as a sum of broadcast
-    multiplies of shifted views: XLA fuses them into one loop. Differentiated as XLA's convolution."""
+    multiplies of shifted views, at the output positions of `grid` (all if None): XLA fuses them into one
+    loop. Differentiated as XLA's convolution."""
     total = None
-    for offset, view in _shallow_views(x, w, geometry):
+    for offset, view in _shallow_views(x, w, geometry, grid):
         for c in range(view.shape[-1]):
             term = view[..., c:c + 1] * w[(*offset, c)]
             total = term if total is None else total + term
     return total
 
 
-def _shallow_forward(x, w, geometry):
-    return shallow_convolution(x, w, geometry), (x, w)
+def _xla_convolution_at(x, w, geometry, grid: Grid | None):
+    y = xla_convolution(x, w, geometry)
+    return y if grid is None else strided(y, grid)
 
 
-def _shallow_backward(geometry, residuals, grad):
-    _, pullback = jax.vjp(partial(xla_convolution, geometry=geometry), *residuals)
+def _shallow_forward(x, w, geometry, grid):
+    return shallow_convolution(x, w, geometry, grid), (x, w)
+
+
+def _shallow_backward(geometry, grid, residuals, grad):
+    _, pullback = jax.vjp(partial(_xla_convolution_at, geometry=geometry, grid=grid), *residuals)
     return pullback(grad)
 
 

@@ -15,24 +15,45 @@ gradient paid two transposes of every activation (a small CNN's train step: 1.2x
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 ELEMENTWISE = "elementwise"
 CHANNELS_LAST = "channels_last"
 
 
-@jax.tree_util.register_dataclass
-@dataclass(frozen=True)
+# Spatial positions start + step * i (i < count) on each spatial axis: (starts, steps, counts).
+Grid = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+@jax.tree_util.register_pytree_node_class
 class ChannelsLast:
     """A channels-first tensor stored as (N, *spatial, C). `shape`, `ndim` and `dtype` describe the tensor the
-    model sees, so an op's checks read the same either way."""
+    model sees, so an op's checks read the same either way.
 
-    data: Any
+    `at(grid)`, when the producer gives one, computes the data at a strided grid of positions from the
+    producer's own inputs: a tiled pool reads a shallow convolution (and the elementwise ops after it) at each
+    window offset that way, which XLA-CPU compiles 3-5x faster than the same pool over the convolution's output.
+    It is a trace-time helper only: it does not survive flattening (jax.vjp's auxiliary values, for one)."""
+
+    def __init__(self, data: Any, at: Callable[[Grid], Any] | None = None):
+        self.data = data
+        self.at = at
+
+    def tree_flatten(self) -> tuple[tuple[Any], None]:
+        return (self.data,), None
+
+    @classmethod
+    def tree_unflatten(cls, _: None, children: tuple[Any]) -> "ChannelsLast":
+        return cls(children[0])
+
+    def sample(self, grid: Grid) -> Any:
+        """The data at `grid`: from the producer where it can, else a strided slice."""
+        return self.at(grid) if self.at is not None else strided(self.data, grid)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -46,6 +67,17 @@ class ChannelsLast:
     @property
     def dtype(self) -> Any:
         return self.data.dtype
+
+
+def strided(data: Any, grid: Grid) -> Any:
+    """Channels-last data (N, *spatial, C) at `grid`; a spatial axis of size 1 broadcasts (stays as it is)."""
+    starts, steps, counts = grid
+    spatial = data.shape[1:-1]
+    start = [0, *[0 if n == 1 else s for n, s in zip(spatial, starts)], 0]
+    step = [1, *[1 if n == 1 else s for n, s in zip(spatial, steps)], 1]
+    limit = [data.shape[0], *[1 if n == 1 else s + (c - 1) * t + 1 for n, s, t, c in zip(spatial, starts, steps, counts)],
+             data.shape[-1]]
+    return lax.slice(data, start, limit, step)
 
 
 def channels_last(x: Any) -> Any:
@@ -81,6 +113,20 @@ def _permuted_operand(value: Any, rank: int) -> Any:
     return xp.moveaxis(padded, 1, -1)
 
 
+def _sampled(fn: Any, attrs: dict[str, Any], args: Sequence[Any], operands: Sequence[Any]) -> Any:
+    """An elementwise result's `at`: the op applied to its operands at the grid, when one of them has an `at`."""
+    if not any(isinstance(a, ChannelsLast) and a.at is not None for a in args):
+        return None
+
+    def at(grid: Grid) -> Any:
+        sampled = [a.sample(grid) if isinstance(a, ChannelsLast) else o if o is None or jnp.ndim(o) == 0
+                   else strided(o, grid)
+                   for a, o in zip(args, operands)]
+        return fn(*sampled, **attrs)
+
+    return at
+
+
 def call(fn: Any, layout: str, args: Sequence[Any], attrs: dict[str, Any]) -> Any:
     """Call an op's lowering with its inputs in the layout it accepts (see the module docstring)."""
     if layout == ELEMENTWISE:
@@ -89,7 +135,8 @@ def call(fn: Any, layout: str, args: Sequence[Any], attrs: dict[str, Any]) -> An
             rank = ranks.pop()
             operands = [_permuted_operand(a, rank) for a in args]
             if all(o is not None or a is None for o, a in zip(operands, args)):
-                return ChannelsLast(fn(*operands, **attrs))  # broadcasting keeps the largest rank: `rank`
+                # broadcasting keeps the largest rank: `rank`
+                return ChannelsLast(fn(*operands, **attrs), _sampled(fn, attrs, args, operands))
     elif layout == CHANNELS_LAST and args:
         return fn(args[0], *[channels_first(a) for a in args[1:]], **attrs)
     return fn(*[channels_first(a) for a in args], **attrs)

@@ -41,8 +41,13 @@ def lowest(dtype) -> np.generic:
 
 
 def reduce_windows(x, window: Window, kind: str):
-    """Max or sum of every window of channels-last x (N, *spatial, C), channels-last; padding contributes the
-    reduction's identity."""
+    """Max or sum of every window of x (a ChannelsLast, or channels-last data (N, *spatial, C)), as
+    channels-last data; padding contributes the reduction's identity."""
+    if window.is_tiling and isinstance(x, ChannelsLast) and x.at is not None:
+        # each window member computed by the producer at its own positions (see layout.ChannelsLast.at)
+        offsets = itertools.product(*[range(k) for k in window.kernel])
+        return combine_members([x.at((offset, window.kernel, window.out)) for offset in offsets], kind)
+    x = x.data if isinstance(x, ChannelsLast) else x
     if window.is_tiling:
         x = x[(slice(None), *[slice(0, o * k) for o, k in zip(window.out, window.kernel)])]
         tiles = [d for o, k in zip(window.out, window.kernel) for d in (o, k)]
@@ -81,16 +86,13 @@ def _reduce_tiles_backward(kind: str, residuals, grad):
     axes = _tile_axes(tiled)
     if kind != "max":
         return (jnp.broadcast_to(jnp.expand_dims(grad, axes), tiled.shape),)
-    zero = jnp.zeros((), grad.dtype)
-    claimed = jnp.zeros(reduced.shape, bool)  # tiles whose maximum already received the gradient
-    shares = []
+    members = []
     for member in itertools.product(*[range(tiled.shape[a]) for a in axes]):
         value = tiled
         for axis, i in zip(reversed(axes), reversed(member)):
             value = lax.index_in_dim(value, i, axis, keepdims=False)
-        hit = (value == reduced) & ~claimed
-        claimed = claimed | hit
-        shares.append(jnp.where(hit, grad, zero))
+        members.append(value)
+    shares = first_maximum_shares(members, reduced, grad)
     # shares: one (N, out1, out2, ..., C) per member in row-major member order; interleave them back into tiles
     kernel = [tiled.shape[a] for a in axes]
     stacked = jnp.reshape(jnp.stack(shares), (*kernel, *reduced.shape))
@@ -100,6 +102,40 @@ def _reduce_tiles_backward(kind: str, residuals, grad):
 
 
 reduce_tiles.defvjp(_reduce_tiles_forward, _reduce_tiles_backward)
+
+
+def first_maximum_shares(members: list, maximum, grad) -> list:
+    """The gradient of maximum = max(members) as each member's share: all of it to the first member equal to
+    the maximum (per element)."""
+    zero = jnp.zeros((), grad.dtype)
+    claimed = jnp.zeros(maximum.shape, bool)
+    shares = []
+    for value in members:
+        hit = (value == maximum) & ~claimed
+        claimed = claimed | hit
+        shares.append(jnp.where(hit, grad, zero))
+    return shares
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def combine_members(members: list, kind: str):
+    """Max or sum of same-shaped arrays, differentiated as the tiled pools are (first maximum)."""
+    return functools.reduce(jnp.maximum if kind == "max" else jnp.add, members)
+
+
+def _combine_members_forward(members: list, kind: str):
+    combined = combine_members(members, kind)
+    return combined, (members, combined)
+
+
+def _combine_members_backward(kind: str, residuals, grad):
+    members, combined = residuals
+    if kind != "max":
+        return ([grad] * len(members),)
+    return (first_maximum_shares(members, combined, grad),)
+
+
+combine_members.defvjp(_combine_members_forward, _combine_members_backward)
 
 
 def window_reduce(x, window: Window, identity, monoid):
@@ -178,7 +214,8 @@ def average_pool(
     X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None, kernel_shape, pads=None, strides=None
 ):
     window = pool_window(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-    x = channels_last(X).astype(accumulation_dtype(X.dtype))
+    wide = accumulation_dtype(X.dtype)
+    x = X if isinstance(X, ChannelsLast) and X.dtype == wide else channels_last(X).astype(wide)
     sums = reduce_windows(x, window, "sum")
     counts = window_counts(window, bool(count_include_pad))[..., None]  # the channel axis is last
     return ChannelsLast((sums / jnp.asarray(counts, x.dtype)).astype(X.dtype))
@@ -190,7 +227,7 @@ def max_pool(
     ctx=None,
 ):
     window = pool_window(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
-    y = ChannelsLast(reduce_windows(channels_last(X), window, "max"))
+    y = ChannelsLast(reduce_windows(X if isinstance(X, ChannelsLast) else channels_last(X), window, "max"))
     wants_indices = ctx is not None and len(ctx.node.outputs) > 1 and bool(ctx.node.outputs[1])
     if not wants_indices:
         return y
