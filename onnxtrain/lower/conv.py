@@ -145,10 +145,9 @@ def convolve(
     input_dilation: Sequence[int] | None = None,
     accumulate=None,
     bias=None,
-    inference: bool = False,
 ):
     """ONNX-layout convolution (x: N,C,*S, possibly held channels-last; w: O,C/groups,*K) plus an optional
-    bias, computed and returned channels-last. `inference`: no train step will differentiate it."""
+    bias, computed and returned channels-last."""
     rank = x.ndim - 2
     if x.shape[1] != w.shape[1] * groups:
         raise ValueError(f"X has {x.shape[1]} channels, W expects {w.shape[1]} per group x {groups} groups")
@@ -157,7 +156,7 @@ def convolve(
     geometry = (tuple(strides), tuple(tuple(p) for p in padding), tuple(dilations))
     x, w = channels_last(x), jnp.transpose(w, (*range(2, rank + 2), 1, 0))
     bias = None if bias is None else jnp.asarray(bias)
-    if inference and groups == 1 and not input_dilation and accumulate is None and is_shallow(w):
+    if groups == 1 and not input_dilation and accumulate is None and is_shallow(w):
 
         def at(grid: Grid | None):
             y = lax.platform_dependent(x, w, cpu=partial(shallow_convolution, geometry=geometry, grid=grid),
@@ -193,9 +192,7 @@ def xla_convolution(x, w, geometry, groups: int = 1, input_dilation: Sequence[in
 
 # The largest contraction (input channels x kernel taps) for which XLA-CPU runs a convolution faster as
 # multiply-adds of shifted views than as its convolution: a first layer (1 channel 5x5, 3 channels 3x3), where
-# XLA-CPU's convolution is 3-10x slower than the arithmetic warrants (benchmarks/README.md). Only outside train
-# steps: there XLA recomputes the fused multiply-adds in every consumer of the activation's gradient, and its
-# own convolution is faster overall.
+# XLA-CPU's convolution is 3-10x slower than the arithmetic warrants (benchmarks/README.md).
 SHALLOW_CONTRACTION = 27
 
 
@@ -238,7 +235,7 @@ def _shallow_views(x, w, geometry, grid: Grid | None):
 def shallow_convolution(x, w, geometry, grid: Grid | None = None):
     """A convolution over few input channels (channels-last x, kernel (*K, I, O)) as a sum of broadcast
     multiplies of shifted views, at the output positions of `grid` (all if None): XLA fuses them into one
-    loop. Differentiated as XLA's convolution."""
+    loop."""
     total = None
     for offset, view in _shallow_views(x, w, geometry, grid):
         for c in range(view.shape[-1]):
@@ -257,8 +254,15 @@ def _shallow_forward(x, w, geometry, grid):
 
 
 def _shallow_backward(geometry, grid, residuals, grad):
-    _, pullback = jax.vjp(partial(_xla_convolution_at, geometry=geometry, grid=grid), *residuals)
-    return pullback(grad)
+    """The kernel's gradient as one product of the same views with the output gradient (im2col): XLA's own
+    would run a full-size convolution per pool window offset, over an output gradient that is mostly zeros.
+    The input's (dead code in a first layer) from XLA's convolution."""
+    x, w = residuals
+    patches = jnp.concatenate([view for _, view in _shallow_views(x, w, geometry, grid)], axis=-1)
+    batch_axes = tuple(range(grad.ndim - 1))
+    dw = jnp.reshape(jnp.tensordot(patches, grad, axes=(batch_axes, batch_axes)), w.shape)
+    _, pullback = jax.vjp(lambda x: _xla_convolution_at(x, w, geometry, grid), x)
+    return pullback(grad)[0], dw.astype(w.dtype)
 
 
 shallow_convolution.defvjp(_shallow_forward, _shallow_backward)
@@ -275,13 +279,9 @@ def conv_window(x, w, kernel_shape, strides, dilations, pads, auto_pad) -> Windo
 
 
 @op("Conv", *versions("Conv"), layout=CHANNELS_LAST)
-def conv(
-    X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None, ctx=None
-):
+def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     window = conv_window(X, W, kernel_shape, strides, dilations, pads, auto_pad)
-    inference = ctx is None or not ctx.runtime.training
-    return convolve(X, W.astype(X.dtype), window.strides, window.exact_pads, window.dilations, group, bias=B,
-                    inference=inference)
+    return convolve(X, W.astype(X.dtype), window.strides, window.exact_pads, window.dilations, group, bias=B)
 
 
 def integer_operand(v, zero_point, channel_axis_size: int | None = None):

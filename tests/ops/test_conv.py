@@ -128,10 +128,18 @@ def test_conv_gradient(wrt):
 
 
 @pytest.mark.parametrize("wrt", ["X", "W"])
-def test_shallow_conv_gradient(wrt):
-    """Few input channels take the multiply-add form on CPU, differentiated as an im2col product."""
-    inputs = {"X": rand(2, 3, 9, 8, dtype=np.float64), "W": rand(4, 3, 3, 2, dtype=np.float64)}
-    assert_gradient_matches_reference("Conv", inputs, wrt, strides=[2, 1], dilations=[1, 2], pads=[1, 0, 2, 1])
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs",
+    [
+        ((2, 3, 9, 8), (4, 3, 3, 2), dict(strides=[2, 1], dilations=[1, 2], pads=[1, 0, 2, 1])),
+        ((2, 1, 11), (3, 1, 5), dict(strides=[3], pads=[2, 1])),
+        ((1, 2, 5, 4, 6), (3, 2, 2, 1, 3), dict(strides=[1, 2, 2], pads=[1, 0, 0, 0, 1, 1])),
+    ],
+)
+def test_shallow_conv_gradient(wrt, x_shape, w_shape, attrs):
+    """Few input channels take the multiply-add form on CPU; the kernel's gradient is an im2col product."""
+    inputs = {"X": rand(*x_shape, dtype=np.float64), "W": rand(*w_shape, dtype=np.float64)}
+    assert_gradient_matches_reference("Conv", inputs, wrt, **attrs)
 
 
 @pytest.mark.parametrize(
