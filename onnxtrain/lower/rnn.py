@@ -183,8 +183,12 @@ def recurrence(
     lengths = None if sequence_lens is None else jnp.asarray(sequence_lens)
     if sequence_lens is not None and is_static(sequence_lens) and np.all(np.asarray(sequence_lens) == steps):
         lengths = None  # every sequence is full length: no masking needed
-    ordered = jnp.stack([reverse_within(X, lengths) if rev else X for rev in reversed_])  # [D, T, B, I]
-    projected = jnp.einsum("dtbi,dgi->tdbg", ordered, W) + Wb[None, :, None, :]
+    ordered = [reverse_within(X, lengths) if rev else X for rev in reversed_]  # D x [T, B, I]
+    if D == 1:  # one 2-D product: the batched form left [T, B, G] to transpose in memory (4 MB in an LSTM)
+        projected = (ordered[0] @ jnp.swapaxes(W[0], 0, 1))[:, None]
+    else:
+        projected = jnp.einsum("dtbi,dgi->tdbg", jnp.stack(ordered), W)
+    projected = projected + Wb[None, :, None, :]  # [T, D, B, G]
 
     acts = activation_functions(kind, D, activations, activation_alpha, activation_beta)
     limit = (lambda x: x) if clip is None else (lambda x: jnp.clip(x, -clip, clip))
