@@ -14,7 +14,7 @@ import itertools
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -153,10 +153,11 @@ def convolve(
         raise ValueError(f"X has {x.shape[1]} channels, W expects {w.shape[1]} per group x {groups} groups")
     if w.shape[0] % groups:
         raise ValueError(f"W's {w.shape[0]} output channels do not divide into {groups} groups")
-    geometry = (tuple(strides), tuple(tuple(p) for p in padding), tuple(dilations))
+    geometry = Geometry(tuple(strides), tuple(tuple(p) for p in padding), tuple(dilations), groups)
     x, w = channels_last(x), jnp.transpose(w, (*range(2, rank + 2), 1, 0))
     bias = None if bias is None else jnp.asarray(bias)
-    if groups == 1 and not input_dilation and accumulate is None and is_shallow(w):
+    depthwise_or_dense = groups == 1 or groups == x.shape[-1]
+    if depthwise_or_dense and not input_dilation and accumulate is None and is_shallow(w, groups):
 
         def at(grid: Grid | None):
             y = lax.platform_dependent(x, w, cpu=partial(shallow_convolution, geometry=geometry, grid=grid),
@@ -164,42 +165,53 @@ def convolve(
             return y if bias is None else y + bias.astype(y.dtype)  # channels-last: along the minor axis
 
         return ChannelsLast(at(None), at)
-    y = xla_convolution(x, w, geometry, groups, input_dilation, accumulate)
+    y = xla_convolution(x, w, geometry, input_dilation, accumulate)
     return ChannelsLast(y if bias is None else y + bias.astype(y.dtype))
 
 
-def xla_convolution(x, w, geometry, groups: int = 1, input_dilation: Sequence[int] | None = None, accumulate=None):
-    """XLA's convolution of channels-last x (N, *S, C) with a (*K, I, O) kernel; geometry: (strides, padding,
-    dilations)."""
+class Geometry(NamedTuple):
+    strides: tuple[int, ...]
+    padding: tuple[tuple[int, int], ...]
+    dilations: tuple[int, ...]
+    groups: int = 1
+
+
+def xla_convolution(x, w, geometry: Geometry, input_dilation: Sequence[int] | None = None, accumulate=None):
+    """XLA's convolution of channels-last x (N, *S, C) with a (*K, I, O) kernel."""
     rank = x.ndim - 2
     spatial = tuple(range(1, rank + 1))
     numbers = lax.ConvDimensionNumbers(
         lhs_spec=(0, rank + 1, *spatial), rhs_spec=(rank + 1, rank, *range(rank)), out_spec=(0, rank + 1, *spatial)
     )
-    strides, padding, dilations = geometry
     return lax.conv_general_dilated(
         x,
         w,
-        window_strides=strides,
-        padding=padding,
+        window_strides=geometry.strides,
+        padding=geometry.padding,
         lhs_dilation=tuple(input_dilation) if input_dilation else None,
-        rhs_dilation=dilations,
+        rhs_dilation=geometry.dilations,
         dimension_numbers=numbers,
-        feature_group_count=groups,
+        feature_group_count=geometry.groups,
         preferred_element_type=accumulate,
     )
 
 
-# The largest contraction (input channels x kernel taps) for which XLA-CPU runs a convolution faster as
+# The largest contraction (input channels x kernel taps) for which XLA-CPU runs a dense convolution faster as
 # multiply-adds of shifted views than as its convolution: a first layer (1 channel 5x5, 3 channels 3x3), where
-# XLA-CPU's convolution is 3-10x slower than the arithmetic warrants (benchmarks/README.md).
+# XLA-CPU's convolution is 3-10x slower than the arithmetic warrants (benchmarks/README.md). A depthwise
+# convolution (one input channel per group) is 10-35x slower in XLA-CPU than as multiply-adds, whatever its
+# channels; its kernel only has to stay small enough to unroll.
 SHALLOW_CONTRACTION = 27
+DEPTHWISE_TAPS = 64
 
 
-def is_shallow(w) -> bool:
-    """w: (*kernel, in, out), channels-last."""
-    single_or_double = w.dtype in (jnp.float32, jnp.float64)  # half precision must accumulate wider
-    return single_or_double and math.prod(w.shape[:-1]) <= SHALLOW_CONTRACTION
+def is_shallow(w, groups: int) -> bool:
+    """w: (*kernel, in per group, out), channels-last."""
+    if w.dtype not in (jnp.float32, jnp.float64):  # half precision must accumulate wider
+        return False
+    if groups == 1:
+        return math.prod(w.shape[:-1]) <= SHALLOW_CONTRACTION
+    return w.shape[-2] == 1 and math.prod(w.shape[:-2]) <= DEPTHWISE_TAPS
 
 
 def window_views(padded, kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int],
@@ -215,54 +227,68 @@ def window_views(padded, kernel: Sequence[int], strides: Sequence[int], dilation
         yield offset, lax.slice(padded, start, limit, (1, *strides, 1))
 
 
-def _shallow_views(x, w, geometry, grid: Grid | None):
-    """The shifted views of each kernel tap, for the output positions of `grid` (all of them if None)."""
-    strides, padding, dilations = geometry
-    padded = lax.pad(x, np.zeros((), x.dtype), [(0, 0, 0), *[(b, e, 0) for b, e in padding], (0, 0, 0)])
+def _shallow_views(x, w, geometry: Geometry, grid: Grid | None):
+    """The shifted views of each kernel tap, for the output positions of `grid` (all of them if None); for a
+    depthwise convolution each input channel repeated for the outputs of its group."""
+    padded = lax.pad(x, np.zeros((), x.dtype), [(0, 0, 0), *[(b, e, 0) for b, e in geometry.padding], (0, 0, 0)])
     if grid is None:
-        spans = [(k - 1) * d + 1 for k, d in zip(w.shape[:-2], dilations)]
-        out = [(size - span) // s + 1 for size, span, s in zip(padded.shape[1:-1], spans, strides)]
+        spans = [(k - 1) * d + 1 for k, d in zip(w.shape[:-2], geometry.dilations)]
+        out = [(size - span) // s + 1 for size, span, s in zip(padded.shape[1:-1], spans, geometry.strides)]
         grid = ((0,) * len(out), (1,) * len(out), tuple(out))
     starts, steps, counts = grid
     # output position p reads padded input p * stride + tap * dilation
-    outer = tuple(p * s for p, s in zip(starts, strides))
-    for offset, view in window_views(padded, w.shape[:-2], [t * s for t, s in zip(steps, strides)], dilations,
-                                     counts, outer):
-        yield offset, view
+    outer = tuple(p * s for p, s in zip(starts, geometry.strides))
+    multiplier = w.shape[-1] // geometry.groups
+    for offset, view in window_views(padded, w.shape[:-2], [t * s for t, s in zip(steps, geometry.strides)],
+                                     geometry.dilations, counts, outer):
+        yield offset, jnp.repeat(view, multiplier, axis=-1) if geometry.groups > 1 and multiplier > 1 else view
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def shallow_convolution(x, w, geometry, grid: Grid | None = None):
-    """A convolution over few input channels (channels-last x, kernel (*K, I, O)) as a sum of broadcast
-    multiplies of shifted views, at the output positions of `grid` (all if None): XLA fuses them into one
-    loop."""
+def _multiply_adds(x, w, geometry: Geometry, grid: Grid | None):
     total = None
     for offset, view in _shallow_views(x, w, geometry, grid):
-        for c in range(view.shape[-1]):
-            term = view[..., c:c + 1] * w[(*offset, c)]
+        if geometry.groups > 1:  # depthwise: output channel o reads (its repeat of) one input channel
+            terms = [view * w[(*offset, 0)]]
+        else:
+            terms = [view[..., c:c + 1] * w[(*offset, c)] for c in range(view.shape[-1])]
+        for term in terms:
             total = term if total is None else total + term
     return total
 
 
-def _xla_convolution_at(x, w, geometry, grid: Grid | None):
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def shallow_convolution(x, w, geometry: Geometry, grid: Grid | None = None):
+    """A convolution over few input channels, or a depthwise one (channels-last x, kernel (*K, I, O)), as a
+    sum of broadcast multiplies of shifted views, at the output positions of `grid` (all if None): XLA fuses
+    them into one loop."""
+    return _multiply_adds(x, w, geometry, grid)
+
+
+def _xla_convolution_at(x, w, geometry: Geometry, grid: Grid | None):
     y = xla_convolution(x, w, geometry)
     return y if grid is None else strided(y, grid)
 
 
-def _shallow_forward(x, w, geometry, grid):
+def _shallow_forward(x, w, geometry: Geometry, grid: Grid | None):
     return shallow_convolution(x, w, geometry, grid), (x, w)
 
 
-def _shallow_backward(geometry, grid, residuals, grad):
-    """The kernel's gradient as one product of the same views with the output gradient (im2col): XLA's own
-    would run a full-size convolution per pool window offset, over an output gradient that is mostly zeros.
-    The input's (dead code in a first layer) from XLA's convolution."""
+def _shallow_backward(geometry: Geometry, grid: Grid | None, residuals, grad):
+    """The kernel's gradient from the same views: one product with the output gradient (im2col), or for a
+    depthwise kernel one sum per tap. XLA's own ran a full-size convolution per pool window offset, over an
+    output gradient that is mostly zeros. The input's gradient (dead code in a first layer): XLA's
+    convolution's for a dense kernel, the multiply-adds' own for a depthwise one (XLA's is the slow kind)."""
     x, w = residuals
-    patches = jnp.concatenate([view for _, view in _shallow_views(x, w, geometry, grid)], axis=-1)
+    views = [view for _, view in _shallow_views(x, w, geometry, grid)]
     batch_axes = tuple(range(grad.ndim - 1))
-    dw = jnp.reshape(jnp.tensordot(patches, grad, axes=(batch_axes, batch_axes)), w.shape)
-    _, pullback = jax.vjp(lambda x: _xla_convolution_at(x, w, geometry, grid), x)
-    return pullback(grad)[0], dw.astype(w.dtype)
+    if geometry.groups > 1:
+        dw = jnp.stack([jnp.sum(view * grad, axis=batch_axes) for view in views])
+        dx_of = partial(_multiply_adds, w=w, geometry=geometry, grid=grid)
+    else:
+        dw = jnp.tensordot(jnp.concatenate(views, axis=-1), grad, axes=(batch_axes, batch_axes))
+        dx_of = partial(_xla_convolution_at, w=w, geometry=geometry, grid=grid)
+    _, pullback = jax.vjp(dx_of, x)
+    return pullback(grad)[0], jnp.reshape(dw, w.shape).astype(w.dtype)
 
 
 shallow_convolution.defvjp(_shallow_forward, _shallow_backward)

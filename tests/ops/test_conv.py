@@ -142,6 +142,27 @@ def test_shallow_conv_gradient(wrt, x_shape, w_shape, attrs):
     assert_gradient_matches_reference("Conv", inputs, wrt, **attrs)
 
 
+DEPTHWISE = [
+    ((2, 6, 9, 8), (6, 1, 3, 3), dict(group=6, pads=[1, 1, 1, 1])),
+    ((2, 3, 9, 8), (6, 1, 3, 2), dict(group=3, strides=[2, 1], dilations=[1, 2], pads=[1, 0, 2, 1])),  # 2 per group
+    ((1, 4, 5, 4, 6), (4, 1, 2, 1, 3), dict(group=4, strides=[1, 2, 2], pads=[1, 0, 0, 0, 1, 1])),
+]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", DEPTHWISE)
+def test_depthwise_conv(x_shape, w_shape, attrs):
+    """One input channel per group: multiply-adds on CPU (XLA-CPU's depthwise convolution is 10-35x slower)."""
+    inputs = {"X": rand(*x_shape), "W": rand(*w_shape), "B": rand(w_shape[0])}
+    assert_matches_reference("Conv", inputs, rtol=1e-4, atol=1e-5, **attrs)
+
+
+@pytest.mark.parametrize("wrt", ["X", "W"])
+@pytest.mark.parametrize("x_shape, w_shape, attrs", DEPTHWISE)
+def test_depthwise_conv_gradient(wrt, x_shape, w_shape, attrs):
+    inputs = {"X": rand(*x_shape, dtype=np.float64), "W": rand(*w_shape, dtype=np.float64)}
+    assert_gradient_matches_reference("Conv", inputs, wrt, **attrs)
+
+
 @pytest.mark.parametrize(
     "x_shape, w_shape, attrs",
     [
