@@ -105,13 +105,16 @@ def test_a_cnn_gradient_transposes_only_at_the_boundaries(between: str):
 
 @pytest.mark.parametrize("pool", ["MaxPool", "AveragePool"])
 @pytest.mark.parametrize("conv_attrs", [dict(pads=[1, 1, 1, 1]), dict(strides=[2, 1], dilations=[1, 2], pads=[2, 0, 1, 3])])
-def test_a_pool_reading_a_shallow_convolution_at_its_window_offsets(pool: str, conv_attrs: dict):
-    """A tiled pool after a few-channel convolution and elementwise ops evaluates them at each window offset
-    (layout.ChannelsLast.at), an odd-sized remainder cropped: values and gradients as the reference's."""
+@pytest.mark.parametrize("group", [1, 2])
+def test_a_pool_reading_a_shallow_convolution_at_its_window_offsets(pool: str, conv_attrs: dict, group: int):
+    """A tiled pool after a few-channel (group 1) or depthwise (group 2, 2 outputs per group) convolution and
+    elementwise ops evaluates them at each window offset (layout.ChannelsLast.at), an odd-sized remainder
+    cropped: values and gradients as the reference's."""
     n = helper.make_node
-    nodes = [n("Conv", ["X", "W", "B"], ["c"], **conv_attrs), n("Relu", ["c"], ["r"]),
+    channels_out = 5 if group == 1 else 4
+    nodes = [n("Conv", ["X", "W", "B"], ["c"], group=group, **conv_attrs), n("Relu", ["c"], ["r"]),
              n("Mul", ["r", "gain"], ["m"]), n(pool, ["m"], ["Y"], kernel_shape=[2, 3], strides=[2, 3])]
-    weights = {"W": rand(5, 2, 3, 2), "B": rand(5), "gain": rand(1, 5, 1, 1)}
+    weights = {"W": rand(channels_out, 2 // group, 3, 2), "B": rand(channels_out), "gain": rand(1, channels_out, 1, 1)}
     model = graph_model(nodes, [value("X", TensorProto.FLOAT, [3, 2, 9, 11])], ["Y"], weights)
     feeds = {"X": rand(3, 2, 9, 11)}
     ours, theirs = run_both(model, feeds)
