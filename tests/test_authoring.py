@@ -18,6 +18,8 @@ F = torch.nn.functional
 LR = 0.05
 EPS = 1e-6
 STEPS = 20
+# Adam's alpha and beta as its float attributes hold them (float32): 1 - beta differs from 0.001 by 1.3e-5
+ALPHA, BETA = float(np.float32(0.9)), float(np.float32(0.999))
 
 
 def mlp() -> "torch.nn.Module":
@@ -87,26 +89,16 @@ def reference_training(module, optimizer: str, loss: str, x, t) -> dict[str, np.
         with torch.no_grad():  # the Adam schema's pseudo code
             for k, p in params.items():
                 g = p.grad.numpy()
-                v[k] = 0.9 * v[k] + 0.1 * g
-                h[k] = 0.999 * h[k] + 0.001 * g * g
-                r = LR * np.sqrt(1 - 0.999**step) / (1 - 0.9**step) if step > 0 else LR
+                v[k] = ALPHA * v[k] + (1 - ALPHA) * g
+                h[k] = BETA * h[k] + (1 - BETA) * g * g
+                r = LR * np.sqrt(1 - BETA**step) / (1 - ALPHA**step) if step > 0 else LR
                 p.copy_(torch.from_numpy(p.numpy() - np.float32(r) * v[k] / (np.sqrt(h[k]) + EPS)))
     return {k: p.detach().numpy() for k, p in params.items()}
 
 
-# Adam's update is about ±LR whatever a gradient's size, so in the deeper `separable` net the float32 rounding of
-# first-layer gradients near zero (XLA's sums against PyTorch's) moves weights by up to ~0.004 LR: its gradients
-# are checked through the four other optimizers instead.
-TRAINING_CASES = [
-    (architecture, optimizer, loss)
-    for architecture in ("mlp", "cnn", "separable")
-    for optimizer in ("sgd", "momentum", "nesterov", "adagrad", "adam")
-    for loss in ("mse", "cross_entropy", "bce_logits")
-    if not (architecture == "separable" and optimizer == "adam")
-]
-
-
-@pytest.mark.parametrize("architecture, optimizer, loss", TRAINING_CASES)
+@pytest.mark.parametrize("architecture", ["mlp", "cnn", "separable"])
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "nesterov", "adagrad", "adam"])
+@pytest.mark.parametrize("loss", ["mse", "cross_entropy", "bce_logits"])
 def test_trainable_pytorch_export_matches_pytorch_training(architecture, optimizer, loss):
     build, shape = INPUTS[architecture]
     rng = np.random.default_rng(0)
