@@ -135,6 +135,15 @@ def _explicit_out(size: int, begin: int, end: int, span: int, stride: int, ceil_
     return out
 
 
+class Geometry(NamedTuple):
+    """A convolution's window walk, hashable so custom_vjp can take it as a static argument."""
+
+    strides: tuple[int, ...]
+    padding: tuple[tuple[int, int], ...]  # explicit (begin, end) per spatial axis
+    dilations: tuple[int, ...]
+    groups: int = 1
+
+
 def convolve(
     x,
     w,
@@ -167,13 +176,6 @@ def convolve(
         return ChannelsLast(at(None), at)
     y = xla_convolution(x, w, geometry, input_dilation, accumulate)
     return ChannelsLast(y if bias is None else y + bias.astype(y.dtype))
-
-
-class Geometry(NamedTuple):
-    strides: tuple[int, ...]
-    padding: tuple[tuple[int, int], ...]
-    dilations: tuple[int, ...]
-    groups: int = 1
 
 
 def xla_convolution(x, w, geometry: Geometry, input_dilation: Sequence[int] | None = None, accumulate=None):
