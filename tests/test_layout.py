@@ -104,7 +104,9 @@ def test_a_cnn_gradient_transposes_only_at_the_boundaries(between: str):
 
 
 @pytest.mark.parametrize("pool", ["MaxPool", "AveragePool"])
-@pytest.mark.parametrize("conv_attrs", [dict(pads=[1, 1, 1, 1]), dict(strides=[2, 1], dilations=[1, 2], pads=[2, 0, 1, 3])])
+@pytest.mark.parametrize(
+    "conv_attrs", [dict(pads=[1, 1, 1, 1]), dict(strides=[2, 1], dilations=[1, 2], pads=[2, 0, 1, 3])]
+)
 @pytest.mark.parametrize("group", [1, 2])
 def test_a_pool_reading_a_shallow_convolution_at_its_window_offsets(pool: str, conv_attrs: dict, group: int):
     """A tiled pool after a few-channel (group 1) or depthwise (group 2, 2 outputs per group) convolution and

@@ -75,8 +75,8 @@ def strided(data: Any, grid: Grid) -> Any:
     spatial = data.shape[1:-1]
     start = [0, *[0 if n == 1 else s for n, s in zip(spatial, starts)], 0]
     step = [1, *[1 if n == 1 else s for n, s in zip(spatial, steps)], 1]
-    limit = [data.shape[0], *[1 if n == 1 else s + (c - 1) * t + 1 for n, s, t, c in zip(spatial, starts, steps, counts)],
-             data.shape[-1]]
+    ends = [1 if n == 1 else s + (c - 1) * t + 1 for n, s, t, c in zip(spatial, starts, steps, counts)]
+    limit = [data.shape[0], *ends, data.shape[-1]]
     return lax.slice(data, start, limit, step)
 
 
