@@ -98,24 +98,16 @@ class Program:
 
     def __call__(self, *arrays: Any, feeds: dict[str, Any]) -> Any:
         """`arrays` are positional pytrees; `feeds` is a dict of arrays split here into static and traced."""
-        fn = None if self.static_feeds else self.cache.get(())
-        if fn is not None and not any(host_only(v) for v in feeds.values()):
-            # the common case, kept short (a per-call cost): nothing static, the function already compiled
-            try:
-                with jax.enable_x64(True):
-                    state, outputs = fn(*arrays, feeds)
-                host = self.host_outputs.get(())
-                return state, {**outputs, **host} if host else outputs
-            except StaticValueRequired:
-                pass  # a new signature needs a static feed: the loop below finds it
         while True:
             static = {n: as_static(v) for n, v in feeds.items() if n in self.static_feeds or host_only(v)}
-            traced = {n: v for n, v in feeds.items() if n not in static}
+            # the common case costs no copy: nothing static (this runs on every call)
+            traced = {n: v for n, v in feeds.items() if n not in static} if static else feeds
             try:
                 with jax.enable_x64(True):
                     fn, key = self._compiled(static)
                     state, outputs = fn(*arrays, traced)
-                return state, {**outputs, **self.host_outputs.get(key, {})}
+                host = self.host_outputs.get(key)
+                return state, {**outputs, **host} if host else outputs
             except StaticValueRequired as exc:
                 culprits = self.culprits(exc, traced)
                 if not culprits:
