@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .conv import Window, explicit_pads, sliding_window, spatial_param
+from .conv import Window, explicit_pads, sliding_window, spatial_param, window_views
 from .layout import CHANNELS_LAST, ChannelsLast, channels_first, channels_last
 from .registry import op, versions
 from .values import static_ints
@@ -167,21 +167,16 @@ def _sliding_max_backward(window: Window, residuals, grad):
     x, y = residuals
     padding = [(0, 0, 0), *[(b, e, 0) for b, e in window.exact_pads], (0, 0, 0)]
     padded = lax.pad(x, lowest(x.dtype), padding)
+    views = list(window_views(padded, window.kernel, window.strides, window.dilations, window.out))
+    shares = first_maximum_shares([view for _, view in views], y, grad)
     zero = np.zeros((), grad.dtype)
     total = jnp.zeros(padded.shape, grad.dtype)
-    claimed = jnp.zeros(y.shape, bool)  # windows whose maximum already received the gradient
-    for offset in itertools.product(*[range(k) for k in window.kernel]):
-        start = [0, *[j * d for j, d in zip(offset, window.dilations)], 0]
-        limit = list(padded.shape)
-        for a, (o, s) in enumerate(zip(window.out, window.strides), start=1):
-            limit[a] = start[a] + (o - 1) * s + 1
-        candidate = lax.slice(padded, start, limit, (1, *window.strides, 1))
-        hit = (candidate == y) & ~claimed
-        claimed = claimed | hit
-        spread = [(0, 0, 0)] + [
-            (start[a], padded.shape[a] - limit[a], window.strides[a - 1] - 1) for a in range(1, x.ndim - 1)
-        ] + [(0, 0, 0)]
-        total = total + lax.pad(jnp.where(hit, grad, zero), zero, spread)
+    for (offset, _), share in zip(views, shares):
+        # each share back where its view was sliced from: the slice's transpose
+        spread = [(0, 0, 0)]
+        for j, d, s, o, size in zip(offset, window.dilations, window.strides, window.out, padded.shape[1:-1]):
+            spread.append((j * d, size - j * d - (o - 1) * s - 1, s - 1))
+        total = total + lax.pad(share, zero, spread + [(0, 0, 0)])
     unpad = [(-low, -high, 0) for low, high, _ in padding]
     return (lax.pad(total, zero, unpad),)
 
