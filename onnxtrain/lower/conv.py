@@ -164,18 +164,21 @@ def convolve(
         raise ValueError(f"W's {w.shape[0]} output channels do not divide into {groups} groups")
     geometry = Geometry(tuple(strides), tuple(tuple(p) for p in padding), tuple(dilations), groups)
     x, w = channels_last(x), jnp.transpose(w, (*range(2, rank + 2), 1, 0))
-    bias = None if bias is None else jnp.asarray(bias)
+
+    def biased(y):  # channels-last: the bias broadcasts along the minor axis
+        return y if bias is None else y + jnp.asarray(bias).astype(y.dtype)
+
     depthwise_or_dense = groups == 1 or groups == x.shape[-1]
     if depthwise_or_dense and not input_dilation and accumulate is None and is_shallow(w, groups):
 
         def at(grid: Grid | None):
-            y = lax.platform_dependent(x, w, cpu=partial(shallow_convolution, geometry=geometry, grid=grid),
-                                       default=partial(_xla_convolution_at, geometry=geometry, grid=grid))
-            return y if bias is None else y + bias.astype(y.dtype)  # channels-last: along the minor axis
+            return biased(lax.platform_dependent(
+                x, w, cpu=partial(shallow_convolution, geometry=geometry, grid=grid),
+                default=partial(_xla_convolution_at, geometry=geometry, grid=grid),
+            ))
 
         return ChannelsLast(at(None), at)
-    y = xla_convolution(x, w, geometry, input_dilation, accumulate)
-    return ChannelsLast(y if bias is None else y + bias.astype(y.dtype))
+    return ChannelsLast(biased(xla_convolution(x, w, geometry, input_dilation, accumulate)))
 
 
 def xla_convolution(x, w, geometry: Geometry, input_dilation: Sequence[int] | None = None, accumulate=None):
