@@ -168,6 +168,13 @@ class Engine:
         return MappingProxyType(self._state)
 
     @property
+    def batch_sharding(self) -> jax.sharding.NamedSharding | None:
+        """How batched feeds are split over the engine's devices (None on one device). A NumPy feed is the
+        whole batch; on several hosts, each can feed just its own rows as
+        `jax.make_array_from_process_local_data(engine.batch_sharding, local_rows)`."""
+        return self._placement.split
+
+    @property
     def trace_count(self) -> int:
         """How many times any graph was traced (compiled); a repeated input signature adds nothing."""
         return self._infer.trace_count + self._init.trace_count + sum(p.trace_count for p in self._train)
