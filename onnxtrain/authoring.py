@@ -51,12 +51,25 @@ class Builder:
         self.init_bindings.append((name, f"{name}.init"))
 
 
+def running_statistics(graph: onnx.GraphProto) -> set[str]:
+    """The running mean and variance inputs of the graph's BatchNormalization nodes (subgraphs included)."""
+    names: set[str] = set()
+    for node in graph.node:
+        if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx"):
+            names.update(node.input[3:5])
+        for attribute in node.attribute:
+            for sub in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
+                names |= running_statistics(sub)
+    return names
+
+
 def select_trainable(model: onnx.ModelProto, trainable: str | Iterable[str] | None) -> list[str]:
+    """Float initializers: all of them (None) or those matching a pattern, less BatchNormalization's running
+    statistics (averages of activations, not parameters a gradient should move); or exactly the names given."""
     floats = [t.name for t in model.graph.initializer if t.data_type in FLOAT_TYPES]
-    if trainable is None:
-        chosen = floats
-    elif isinstance(trainable, str):
-        chosen = [n for n in floats if re.fullmatch(trainable, n)]
+    if trainable is None or isinstance(trainable, str):
+        statistics = running_statistics(model.graph)
+        chosen = [n for n in floats if n not in statistics and (trainable is None or re.fullmatch(trainable, n))]
     else:
         chosen = list(trainable)
         unknown = sorted(set(chosen) - set(floats))
@@ -153,7 +166,7 @@ def make_trainable(
     **optimizer_options: float,
 ) -> onnx.ModelProto:
     """A copy of `model` carrying one TrainingInfoProto that trains `trainable` (default: every float
-    initializer) on `loss` between `prediction` (default: the first graph output) and an algorithm input
+    initializer but BatchNormalization's running statistics, which stay as they are) on `loss` between `prediction` (default: the first graph output) and an algorithm input
     `target`. The rate is the algorithm input `learning_rate`, whose initializer is the default: feed it to
     schedule. `optimizer_options` are the optimizer op's attributes (alpha, beta, epsilon, norm_coefficient...)."""
     if optimizer not in OPTIMIZERS:

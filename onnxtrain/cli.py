@@ -140,7 +140,8 @@ def parser() -> argparse.ArgumentParser:
     author.add_argument("--loss", default="mse", help="mse, cross_entropy, bce_logits or output:NAME")
     author.add_argument("--optimizer", default="adam", help="sgd, momentum, nesterov, adagrad or adam")
     author.add_argument("--lr", type=float, default=1e-3)
-    author.add_argument("--trainable", help="regular expression over initializer names (default: all floats)")
+    author.add_argument("--trainable", help="regular expression over initializer names (default: all floats but "
+                        "BatchNormalization's running statistics)")
     author.add_argument("--alpha", type=float)
     author.add_argument("--beta", type=float)
     author.add_argument("--epsilon", type=float)

@@ -121,6 +121,38 @@ def test_trainable_pytorch_export_matches_pytorch_training(architecture, optimiz
         np.testing.assert_allclose(np.asarray(engine.state[name]), value, rtol=1e-4, atol=atol, err_msg=name)
 
 
+def test_batch_normalization_statistics_stay_out_of_training(tmp_path):
+    """An eval-mode export's BatchNormalization trains its scale and bias through its running statistics, as
+    PyTorch trains a module in eval mode, and the statistics themselves are no parameters: no gradient moves them."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.BatchNorm2d(4),
+                                 torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(36, 3))
+    with torch.no_grad():  # statistics far from 0 and 1, so using (or moving) them shows
+        module[2].running_mean.uniform_(-0.5, 0.5)
+        module[2].running_var.uniform_(0.5, 2.0)
+    module.eval()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(6, 1, 8, 8)).astype(np.float32)
+    t = targets("mse", rng, 6)
+    statistics = {"2.running_mean": module[2].running_mean.numpy().copy(),
+                  "2.running_var": module[2].running_var.numpy().copy()}
+    trainable = onnxtrain.make_trainable(export(module, torch.from_numpy(x)), loss="mse", optimizer="sgd",
+                                         learning_rate=LR)
+    assert "BatchNormalization" in [n.op_type for n in trainable.graph.node]
+    assert not set(statistics) & {b.key for b in trainable.training_info[0].update_binding}
+    engine = onnxtrain.load(trainable)
+    for _ in range(STEPS):
+        engine.train_step({"X": x, "target": t})
+    expected = reference_training(module, "sgd", "mse", x, t)
+    assert {"2.weight", "2.bias"} <= set(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(np.asarray(engine.state[name]), value, rtol=1e-4, atol=1e-6, err_msg=name)
+    engine.export(tmp_path / "trained.onnx")
+    exported = {i.name: onnx.numpy_helper.to_array(i) for i in onnx.load(tmp_path / "trained.onnx").graph.initializer}
+    for name, value in statistics.items():
+        np.testing.assert_array_equal(exported[name], value, err_msg=name)
+
+
 def test_trained_export_runs_in_onnxruntime(tmp_path):
     ort = pytest.importorskip("onnxruntime")
     x = np.random.default_rng(1).normal(size=(6, 4)).astype(np.float32)
