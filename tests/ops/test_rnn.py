@@ -230,34 +230,41 @@ def test_old_opsets(op, opset):
 # ---- gradients ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
-def test_gradient_matches_finite_differences(op):
-    feeds = problem(op, 2, T=3, batch=2, H=2, lens=True, initial=True, dtype=np.float64, seed=3)
-    model = rnn_model(op, feeds, direction="bidirectional")
+@pytest.mark.parametrize("op, attrs, peepholes", [
+    ("RNN", {}, False), ("GRU", {}, False), ("GRU", {"linear_before_reset": 1}, False), ("LSTM", {}, True),
+    ("LSTM", {"input_forget": 1}, False),
+])
+def test_gradient_matches_finite_differences(op, attrs, peepholes):
+    """Every differentiable input of a bidirectional layer with sequence lengths and initial states."""
+    feeds = problem(op, 2, T=3, batch=2, H=2, lens=True, initial=True, peepholes=peepholes, dtype=np.float64,
+                    seed=3)
+    model = rnn_model(op, feeds, direction="bidirectional", **attrs)
     resolver = model_resolver(model)
     graph = build_graph(model.graph, resolver)
     names = list(feeds)
-    weights = np.random.default_rng(7).standard_normal(expected(op, feeds, direction="bidirectional")[0].shape)
+    wrt = [n for n in names if n != "sequence_lens"]
+    y_shape = expected(op, feeds, direction="bidirectional", **attrs)[0].shape
+    weights = np.random.default_rng(7).standard_normal(y_shape)
 
-    def loss(W, R):
-        args = [W if n == "W" else R if n == "R" else feeds[n] for n in names]
-        Y, Y_h = run_graph(graph, args, Runtime(jax.random.key(0)))[:2]
-        return jnp.sum(Y * weights) + jnp.sum(Y_h)
+    def loss(*values):
+        changed = dict(zip(wrt, values))
+        outputs = run_graph(graph, [changed.get(n, feeds[n]) for n in names], Runtime(jax.random.key(0)))
+        return jnp.sum(outputs[0] * weights) + sum(jnp.sum(o) for o in outputs[1:])
 
     with jax.enable_x64(True):
-        gW, gR = jax.jit(jax.grad(loss, argnums=(0, 1)))(feeds["W"], feeds["R"])
-        jaxpr = jax.make_jaxpr(loss)(feeds["W"], feeds["R"])
-    assert "scan" in {e.primitive.name for e in jaxpr.eqns}
+        grads = jax.jit(jax.grad(loss, argnums=tuple(range(len(wrt)))))(*[feeds[n] for n in wrt])
+        jaxpr = jax.make_jaxpr(loss)(*[feeds[n] for n in wrt])
+    assert "scan" in str(jaxpr)
 
     def numpy_loss(**changed):
-        Y, Y_h, _ = expected(op, {**feeds, **changed}, direction="bidirectional")
-        return np.sum(Y * weights) + np.sum(Y_h)
+        Y, *states = expected(op, {**feeds, **changed}, direction="bidirectional", **attrs)
+        return np.sum(Y * weights) + sum(np.sum(s) for s in states[: 2 if op == "LSTM" else 1])
 
-    for name, grad in (("W", gW), ("R", gR)):
+    for name, grad in zip(wrt, grads):
         numeric = np.zeros_like(feeds[name])
         for index in np.ndindex(numeric.shape):
             step = np.zeros_like(numeric)
             step[index] = 1e-6
             up, down = numpy_loss(**{name: feeds[name] + step}), numpy_loss(**{name: feeds[name] - step})
             numeric[index] = (up - down) / 2e-6
-        np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-7, err_msg=name)
