@@ -210,7 +210,10 @@ def recurrence(
         kept = tuple(jnp.where(active, n, c) for n, c in zip(new, state))
         return (kept, *upcoming), jnp.where(active, new[0], jnp.zeros((), dtype))
 
-    (final, _, _), Y = lax.scan(step, (states, *step_input(0)), jnp.arange(steps))  # Y: [T, D, B, H]
+    if steps:
+        (final, _, _), Y = lax.scan(step, (states, *step_input(0)), jnp.arange(steps))  # Y: [T, D, B, H]
+    else:  # an empty sequence: nothing to load ahead
+        final, Y = states, jnp.zeros((0, D, batch, hidden), dtype)
     Y = jnp.stack([reverse_within(Y[:, d], lengths) if rev else Y[:, d] for d, rev in enumerate(reversed_)], 1)
     if layout:
         return (jnp.transpose(Y, (2, 0, 1, 3)), *[jnp.swapaxes(s, 0, 1) for s in final])

@@ -217,6 +217,14 @@ def test_only_final_state_requested():
     assert_close(run(model, feeds), expected("LSTM", feeds)[1:2])
 
 
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_an_empty_sequence_returns_the_initial_states(op):
+    feeds = problem(op, 2, T=0, batch=2, initial=True)
+    ours = run(rnn_model(op, feeds, direction="bidirectional"), feeds)
+    assert ours[0].shape == (0, 2, 2, 3)
+    assert_close(ours[1:], expected(op, feeds, direction="bidirectional")[1:len(ours)])
+
+
 @pytest.mark.parametrize(("op", "opset"), [("RNN", 1), ("GRU", 1), ("GRU", 3), ("LSTM", 1), ("LSTM", 7)])
 def test_old_opsets(op, opset):
     feeds = problem(op, 1, lens=True, initial=True)
