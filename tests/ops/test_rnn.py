@@ -276,3 +276,26 @@ def test_gradient_matches_finite_differences(op, attrs, peepholes):
             up, down = numpy_loss(**{name: feeds[name] + step}), numpy_loss(**{name: feeds[name] - step})
             numeric[index] = (up - down) / 2e-6
         np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_second_derivatives_match_finite_differences_of_the_gradient(op):
+    """A gradient of a gradient (ONNX's Gradient composes) through the recurrence's own gradient rule."""
+    feeds = problem(op, 2, T=3, batch=2, H=2, lens=True, initial=True, dtype=np.float64, seed=5)
+    model = rnn_model(op, feeds, direction="bidirectional")
+    graph = build_graph(model.graph, model_resolver(model))
+    names = list(feeds)
+
+    def loss(R, X):
+        args = [R if n == "R" else X if n == "X" else feeds[n] for n in names]
+        return jnp.sum(run_graph(graph, args, Runtime(jax.random.key(0)))[0] ** 3)
+
+    with jax.enable_x64(True):
+        gradient_size = jax.jit(lambda R: jnp.sum(jax.grad(loss, argnums=1)(R, feeds["X"]) ** 2))
+        second = jax.grad(gradient_size)(feeds["R"])
+        numeric = np.zeros_like(feeds["R"])
+        for index in np.ndindex(numeric.shape):
+            step = np.zeros_like(numeric)
+            step[index] = 1e-6
+            numeric[index] = (gradient_size(feeds["R"] + step) - gradient_size(feeds["R"] - step)) / 2e-6
+    np.testing.assert_allclose(second, numeric, rtol=1e-5, atol=1e-7)
