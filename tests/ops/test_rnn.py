@@ -299,3 +299,21 @@ def test_second_derivatives_match_finite_differences_of_the_gradient(op):
             step[index] = 1e-6
             numeric[index] = (gradient_size(feeds["R"] + step) - gradient_size(feeds["R"] - step)) / 2e-6
     np.testing.assert_allclose(second, numeric, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_forward_mode_matches_finite_differences(op):
+    feeds = problem(op, 1, T=3, batch=2, H=2, dtype=np.float64, seed=2)
+    model = rnn_model(op, feeds)
+    graph = build_graph(model.graph, model_resolver(model))
+    names = list(feeds)
+
+    def loss(R):
+        args = [R if n == "R" else feeds[n] for n in names]
+        return jnp.sum(run_graph(graph, args, Runtime(jax.random.key(0)))[0] ** 2)
+
+    direction = np.random.default_rng(4).standard_normal(feeds["R"].shape)
+    with jax.enable_x64(True):
+        _, tangent = jax.jvp(loss, (feeds["R"],), (direction,))
+        numeric = (loss(feeds["R"] + 1e-6 * direction) - loss(feeds["R"] - 1e-6 * direction)) / 2e-6
+    np.testing.assert_allclose(tangent, numeric, rtol=1e-6)
