@@ -168,7 +168,8 @@ def make_trainable(
     """A copy of `model` carrying one TrainingInfoProto that trains `trainable` (default: every float
     initializer but BatchNormalization's running statistics, which stay as they are) on `loss` between
     `prediction` (default: the first graph output) and an algorithm input `target`. The rate is the algorithm
-    input `learning_rate`, whose initializer is the default: feed it to schedule. `optimizer_options` are the optimizer op's attributes (alpha, beta, epsilon, norm_coefficient...)."""
+    input `learning_rate`, whose initializer is the default: feed it to schedule. `optimizer_options` are the
+    optimizer op's attributes (alpha, beta, epsilon, norm_coefficient...)."""
     if optimizer not in OPTIMIZERS:
         raise OnnxTrainError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     result = onnx.ModelProto()

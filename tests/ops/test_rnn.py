@@ -238,6 +238,16 @@ def test_old_opsets(op, opset):
 # ---- gradients ------------------------------------------------------------------------------------------------
 
 
+def traced_outputs(model, feeds):
+    """The node's outputs as a JAX function of the feeds, any of them replaced by keyword."""
+    graph = build_graph(model.graph, model_resolver(model))
+
+    def outputs(**changed):
+        return run_graph(graph, [changed.get(n, v) for n, v in feeds.items()], Runtime(jax.random.key(0)))
+
+    return outputs
+
+
 @pytest.mark.parametrize("op, attrs, peepholes", [
     ("RNN", {}, False), ("GRU", {}, False), ("GRU", {"linear_before_reset": 1}, False), ("LSTM", {}, True),
     ("LSTM", {"input_forget": 1}, False),
@@ -246,17 +256,13 @@ def test_gradient_matches_finite_differences(op, attrs, peepholes):
     """Every differentiable input of a bidirectional layer with sequence lengths and initial states."""
     feeds = problem(op, 2, T=3, batch=2, H=2, lens=True, initial=True, peepholes=peepholes, dtype=np.float64,
                     seed=3)
-    model = rnn_model(op, feeds, direction="bidirectional", **attrs)
-    resolver = model_resolver(model)
-    graph = build_graph(model.graph, resolver)
-    names = list(feeds)
-    wrt = [n for n in names if n != "sequence_lens"]
+    outputs_of = traced_outputs(rnn_model(op, feeds, direction="bidirectional", **attrs), feeds)
+    wrt = [n for n in feeds if n != "sequence_lens"]
     y_shape = expected(op, feeds, direction="bidirectional", **attrs)[0].shape
     weights = np.random.default_rng(7).standard_normal(y_shape)
 
     def loss(*values):
-        changed = dict(zip(wrt, values))
-        outputs = run_graph(graph, [changed.get(n, feeds[n]) for n in names], Runtime(jax.random.key(0)))
+        outputs = outputs_of(**dict(zip(wrt, values)))
         return jnp.sum(outputs[0] * weights) + sum(jnp.sum(o) for o in outputs[1:])
 
     with jax.enable_x64(True):
@@ -280,15 +286,12 @@ def test_gradient_matches_finite_differences(op, attrs, peepholes):
 
 @pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
 def test_second_derivatives_match_finite_differences_of_the_gradient(op):
-    """A gradient of a gradient (ONNX's Gradient composes) through the recurrence's own gradient rule."""
+    """A gradient of a gradient (ONNX's Gradient composes) through the recurrence product's own derivative rule."""
     feeds = problem(op, 2, T=3, batch=2, H=2, lens=True, initial=True, dtype=np.float64, seed=5)
-    model = rnn_model(op, feeds, direction="bidirectional")
-    graph = build_graph(model.graph, model_resolver(model))
-    names = list(feeds)
+    outputs_of = traced_outputs(rnn_model(op, feeds, direction="bidirectional"), feeds)
 
     def loss(R, X):
-        args = [R if n == "R" else X if n == "X" else feeds[n] for n in names]
-        return jnp.sum(run_graph(graph, args, Runtime(jax.random.key(0)))[0] ** 3)
+        return jnp.sum(outputs_of(R=R, X=X)[0] ** 3)
 
     with jax.enable_x64(True):
         gradient_size = jax.jit(lambda R: jnp.sum(jax.grad(loss, argnums=1)(R, feeds["X"]) ** 2))
@@ -304,13 +307,10 @@ def test_second_derivatives_match_finite_differences_of_the_gradient(op):
 @pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
 def test_forward_mode_matches_finite_differences(op):
     feeds = problem(op, 1, T=3, batch=2, H=2, dtype=np.float64, seed=2)
-    model = rnn_model(op, feeds)
-    graph = build_graph(model.graph, model_resolver(model))
-    names = list(feeds)
+    outputs_of = traced_outputs(rnn_model(op, feeds), feeds)
 
     def loss(R):
-        args = [R if n == "R" else feeds[n] for n in names]
-        return jnp.sum(run_graph(graph, args, Runtime(jax.random.key(0)))[0] ** 2)
+        return jnp.sum(outputs_of(R=R)[0] ** 2)
 
     direction = np.random.default_rng(4).standard_normal(feeds["R"].shape)
     with jax.enable_x64(True):
