@@ -290,7 +290,11 @@ def _shallow_backward(geometry: Geometry, grid: Grid | None, residuals, grad):
         dw = jnp.stack([jnp.sum(view * grad, axis=batch_axes) for view in views])
         dx_of = partial(_multiply_adds, w=w, geometry=geometry, grid=grid)
     else:
-        dw = jnp.tensordot(jnp.concatenate(views, axis=-1), grad, axes=(batch_axes, batch_axes))
+        # The patches built taps-and-channels by positions, the layout the product reads: concatenated along
+        # the channels, XLA-CPU copied them into it (a small CNN's train step 7-15 % slower)
+        positions = math.prod(grad.shape[:-1])
+        patches = jnp.stack([jnp.moveaxis(view, -1, 0) for view in views]).reshape(-1, positions)
+        dw = jnp.dot(patches, grad.reshape(positions, grad.shape[-1]))
         dx_of = partial(_xla_convolution_at, w=w, geometry=geometry, grid=grid)
     _, pullback = jax.vjp(dx_of, x)
     return pullback(grad)[0], jnp.reshape(dw, w.shape).astype(w.dtype)
