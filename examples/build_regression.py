@@ -22,7 +22,9 @@ OUT = Path(__file__).resolve().parent.parent / "onnxtrain" / "examples"
 
 
 def inference_model() -> onnx.ModelProto:
-    shapes = {"W1": (2, HIDDEN), "B1": (HIDDEN,), "W2": (HIDDEN, HIDDEN), "B2": (HIDDEN,), "W3": (HIDDEN, 1), "B3": (1,)}
+    shapes = {
+        "W1": (2, HIDDEN), "B1": (HIDDEN,), "W2": (HIDDEN, HIDDEN), "B2": (HIDDEN,), "W3": (HIDDEN, 1), "B3": (1,),
+    }
     graph = helper.make_graph(
         [
             helper.make_node("Gemm", ["X", "W1", "B1"], ["Z1"]),

@@ -96,7 +96,8 @@ def cmd_make_trainable(args: argparse.Namespace) -> None:
     from .model import read_model
 
     model, _ = read_model(args.model)
-    options = {k: v for k, v in (("alpha", args.alpha), ("beta", args.beta), ("epsilon", args.epsilon)) if v is not None}
+    given = (("alpha", args.alpha), ("beta", args.beta), ("epsilon", args.epsilon))
+    options = {k: v for k, v in given if v is not None}
     trainable = make_trainable(model, loss=args.loss, optimizer=args.optimizer, learning_rate=args.lr,
                                trainable=args.trainable, reinitialize=args.reinitialize, **options)
     save_atomic(trainable, Path(args.output))

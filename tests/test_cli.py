@@ -54,7 +54,9 @@ def test_train_writes_a_model_whose_loss_fell(tmp_path):
     assert last < first
     onnx.checker.check_model(onnx.load(out))
     np.savez(tmp_path / "wrong.npz", X=np.zeros((4, 2), np.float32), Other=np.zeros((4, 1), np.float32))
-    assert_user_error(cli("train", MODEL, "--data", tmp_path / "wrong.npz", "--steps", 1), "unknown feed name(s) ['Other']")
+    assert_user_error(
+        cli("train", MODEL, "--data", tmp_path / "wrong.npz", "--steps", 1), "unknown feed name(s) ['Other']"
+    )
 
 
 def test_make_trainable_then_train(tmp_path):

@@ -94,7 +94,10 @@ def mlp_adam(params: dict[str, np.ndarray], lr: float, alpha=0.9, beta=0.999, ep
     )
     initialization = helper.make_graph(
         [helper.make_node("Constant", [], ["T0"], value=tensor("t0", np.int64(0)))]
-        + [helper.make_node("Constant", [], [f"{m}_0"], value=tensor(m, np.zeros_like(params[m[2:]]))) for m in moments],
+        + [
+            helper.make_node("Constant", [], [f"{m}_0"], value=tensor(m, np.zeros_like(params[m[2:]])))
+            for m in moments
+        ],
         "reset_adam",
         [],
         [vi("T0", TensorProto.INT64, [])] + [vi(f"{m}_0") for m in moments],

@@ -92,7 +92,9 @@ class Kernel:
         vectors = vectors.astype(x.dtype)
         if self.kind == "RBF":
             squared = (
-                jnp.sum(x * x, axis=1, keepdims=True) - 2 * matmul_weights(x, vectors.T) + np.sum(vectors * vectors, axis=1)
+                jnp.sum(x * x, axis=1, keepdims=True)
+                - 2 * matmul_weights(x, vectors.T)
+                + np.sum(vectors * vectors, axis=1)
             )
             return jnp.exp(-self.gamma * jnp.maximum(squared, 0))
         dot = matmul_weights(x, vectors.T)
