@@ -61,7 +61,7 @@ sys.modules.setdefault("onnxruntime.training", _training)
 from onnxruntime.training import artifacts, onnxblock  # noqa: E402
 from onnxruntime.training.api import CheckpointState, Module, Optimizer  # noqa: E402
 
-SETTLE = 0.05  # seconds slept before each round, as run.py's interleaved() does
+SETTLE, WARM = 0.05, 0.05  # seconds slept, then of untimed steps, before each round: as peers.interleaved()
 
 
 def trainable(model: onnx.ModelProto) -> list[str]:
@@ -117,12 +117,15 @@ def step_fn(module: Module, optimizer: Optimizer, x: np.ndarray, y: np.ndarray) 
 
 
 def timed(step: Callable[[], Any], steps: int, rounds: int) -> float:
-    """Median seconds per step over `steps` steps in `rounds` rounds, each after a pause and an untimed step, so
-    the loop matches run.py's interleaved() with this one callable."""
+    """Median seconds per step over `steps` steps in `rounds` rounds, each after a pause and WARM seconds of
+    untimed steps, so the loop matches peers.interleaved() with this one callable."""
     times = []
     for _ in range(rounds):
         time.sleep(SETTLE)
+        start = time.perf_counter()
         step()
+        while time.perf_counter() - start < WARM:
+            step()
         for _ in range(max(1, steps // rounds)):
             start = time.perf_counter()
             step()

@@ -31,6 +31,7 @@ os.environ["ONNXTRAIN_CACHE_DIR"] = ""
 jax.config.update("jax_enable_compilation_cache", False)
 
 LR, BETA1, BETA2, EPS = 1e-3, 0.9, 0.999, 1e-6
+WARM = 0.05  # seconds of untimed calls before each timed turn (interleaved); ort_training.py uses the same
 Call = Callable[[], Any]
 
 
@@ -137,13 +138,24 @@ def first_call(call: Call) -> float:
     return time.perf_counter() - start
 
 
-def interleaved(calls: dict[Any, Call], steps: int, rounds: int, settle: float = 0.05) -> dict[Any, float]:
+def warm_up(call: Call, seconds: float) -> None:
+    """Untimed calls for `seconds` (at least one)."""
+    start = time.perf_counter()
+    call()
+    while time.perf_counter() - start < seconds:
+        call()
+
+
+def interleaved(
+    calls: dict[Any, Call], steps: int, rounds: int, settle: float = 0.05, warm: float = WARM
+) -> dict[Any, float]:
     """Median seconds per call of each callable over `steps` calls, made in `rounds` rounds that alternate
     between the callables (and rotate which goes first), so drift on the machine hits all of them alike.
 
     Before each callable's turn the process sleeps `settle` seconds (PyTorch's OpenMP and ONNX Runtime's workers
     spin-wait after their last call, and on a small machine a spinning core would slow whoever runs next), then
-    makes one untimed call, which pays for the caches the previous callable evicted.
+    calls it untimed for `warm` seconds: after the pause and the previous callable's turn, the first calls run
+    slower (cold caches, idle cores), while a training loop calls its step back to back.
     """
     times: dict[Any, list[float]] = {name: [] for name in calls}
     names = list(calls)
@@ -152,7 +164,7 @@ def interleaved(calls: dict[Any, Call], steps: int, rounds: int, settle: float =
         for name in names[r % len(names):] + names[: r % len(names)]:
             call = calls[name]
             time.sleep(settle)
-            call()
+            warm_up(call, warm)
             for _ in range(per_round):
                 start = time.perf_counter()
                 call()
