@@ -24,7 +24,7 @@ from .feeds import FeedChecker
 from .lower.graph import Runtime, Scope, run_graph, run_nodes
 from .model import Graph, ModelSource, ValueInfo, build_graph, check_model, model_resolver, raise_if_missing
 from .model import read_model
-from .placement import Placement
+from .placement import Placement, host_array
 from .program import Program
 from .state.bindings import Algorithm, parse_training_info, state_owners
 from .state.store import assign, load_npz, save_npz
@@ -58,7 +58,7 @@ class Engine:
 
     def __init__(
         self, model: onnx.ModelProto, seed: int = 0, check: bool = True, devices: Sequence[jax.Device] | None = None,
-        matmul_precision: str = "highest",
+        matmul_precision: str = "highest", shard_state: bool = False,
     ):
         if check:
             check_model(model)
@@ -81,7 +81,7 @@ class Engine:
         self._main_static, main_traced = split_initializers(self.graph, owned)
         split = [split_initializers(a.algorithm, owned) for a in self.algorithms]
         self._algorithm_static = [s for s, _ in split]
-        self._placement = Placement(devices)
+        self._placement = Placement(devices, shard_state)
         with jax.enable_x64(True):
             self._key = jax.random.key(seed)
             self._main_consts = self._placement.put(main_traced)
@@ -128,7 +128,8 @@ class Engine:
                 o.name: scope[o.name] for o in self.graph.outputs + algorithm.algorithm.outputs if o.name not in bound
             }
             where = f"training_info[{algorithm.index}].update_binding"
-            return (assign(state, algorithm.update_binding, {n: scope[n] for n in bound}, where), step + 1), outputs
+            state = assign(state, algorithm.update_binding, {n: scope[n] for n in bound}, where)
+            return (self._placement.keep_layout(state), step + 1), outputs
 
         return Program(body, nodes, donate=(0,), matmul_precision=self.matmul_precision)
 
@@ -141,7 +142,7 @@ class Engine:
             values = dict(zip([o.name for o in graph.outputs], run_graph(graph, [], runtime)))
             where = f"training_info[{algorithm.index}].initialization_binding"
             state = assign(state, algorithm.initialization_binding, values, where)
-        return state, {}
+        return self._placement.keep_layout(state), {}
 
     # ----- the stateful API -----
 
@@ -243,7 +244,7 @@ class Engine:
 
     def save_state(self, path: str | Path) -> None:
         """A light checkpoint: the state and step count in a NumPy .npz (no pickle)."""
-        save_npz(path, self._state, {"step": self.step_count})
+        save_npz(path, {name: host_array(v) for name, v in self._state.items()}, {"step": self.step_count})
 
     def load_state(self, path: str | Path) -> None:
         values, meta = load_npz(path)
@@ -271,16 +272,20 @@ class Engine:
 
 def load(
     source: ModelSource, seed: int = 0, check: bool = True, devices: Sequence[jax.Device] | None = None,
-    matmul_precision: str = "highest",
+    matmul_precision: str = "highest", shard_state: bool = False,
 ) -> Engine:
     """Read an ONNX model (path, bytes or ModelProto), validate it and bind every node to its lowering.
 
     `devices`: run data parallel over these devices (batched feeds split along their first axis, state
-    replicated); default: JAX's default device. `matmul_precision`: "highest" computes float32 matrix
+    replicated); default: JAX's default device. `shard_state`: with several devices, split each state variable
+    and float weight along its longest axis the device count divides instead of replicating it (FSDP-style: a
+    device holds 1/n of the weights and optimizer moments; XLA gathers them where a step needs them).
+    `matmul_precision`: "highest" computes float32 matrix
     products in full float32 as ONNX specifies; "default" lets a GPU use TF32 (faster, ~1e-3 relative error)."""
     enable_compilation_cache()
     model, _folder = read_model(source)
-    return Engine(model, seed=seed, check=check, devices=devices, matmul_precision=matmul_precision)
+    return Engine(model, seed=seed, check=check, devices=devices, matmul_precision=matmul_precision,
+                  shard_state=shard_state)
 
 
 

@@ -12,6 +12,7 @@ import onnx
 from onnx import numpy_helper
 
 from .errors import ExportError
+from .placement import host_array
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -30,7 +31,7 @@ def trained_model(engine: "Engine") -> onnx.ModelProto:
         graph = graphs[0 if owner is None else owner + 1]
         for tensor in graph.initializer:
             if tensor.name == name:
-                tensor.CopyFrom(numpy_helper.from_array(np.asarray(value), name))
+                tensor.CopyFrom(numpy_helper.from_array(host_array(value), name))
                 break
     for prop in list(model.metadata_props):
         if prop.key == STEP_METADATA_KEY:

@@ -1,8 +1,10 @@
-"""Where arrays live: one device, or data parallel over several (batch split, state replicated).
+"""Where arrays live: one device, or data parallel over several (batch split; state replicated or split).
 
-Data parallelism uses JAX's own machinery: state and weights are replicated with a NamedSharding, batched feeds
-are split along their first axis, and XLA's SPMD partitioner turns the one jitted step into a per-device program
-with the gradient all-reduce inserted for us. The same code runs multi-host after `jax.distributed.initialize()`.
+Data parallelism uses JAX's own machinery: state and weights are replicated with a NamedSharding, or with
+`shard_state` each split along one axis over the devices (as FSDP/ZeRO keep weights and optimizer moments: a
+device holds 1/n of them); batched feeds are split along their first axis, and XLA's SPMD partitioner turns the
+one jitted step into a per-device program with the collectives (gradient all-reduce, or weight all-gathers and
+gradient reduce-scatters) inserted for us. The same code runs multi-host after `jax.distributed.initialize()`.
 """
 
 from __future__ import annotations
@@ -20,24 +22,43 @@ BATCH_AXIS = "batch"
 
 
 class Placement:
-    def __init__(self, devices: Sequence[jax.Device] | None = None):
+    def __init__(self, devices: Sequence[jax.Device] | None = None, shard_state: bool = False):
         self.devices = list(devices) if devices else None
         if self.devices and len(self.devices) > 1:
-            mesh = Mesh(np.array(self.devices), (BATCH_AXIS,))
-            self.replicated = NamedSharding(mesh, PartitionSpec())
-            self.split = NamedSharding(mesh, PartitionSpec(BATCH_AXIS))
+            self.mesh = Mesh(np.array(self.devices), (BATCH_AXIS,))
+            self.replicated = NamedSharding(self.mesh, PartitionSpec())
+            self.split = NamedSharding(self.mesh, PartitionSpec(BATCH_AXIS))
         else:
             self.replicated = self.split = None
+        self.shard_state = shard_state and self.parallel  # split over one device is the whole array
 
     @property
     def parallel(self) -> bool:
         return self.split is not None
 
+    def sharding(self, shape: Sequence[int]) -> NamedSharding | None:
+        """Replicated, or with shard_state split along the longest axis the device count divides (the first of
+        equals); an array with no such axis (a scalar, a short bias) stays whole on every device."""
+        count = len(self.devices) if self.devices else 1
+        axes = [axis for axis, size in enumerate(shape) if size and size % count == 0]
+        if not self.shard_state or not axes:
+            return self.replicated
+        axis = max(axes, key=lambda a: shape[a])
+        return NamedSharding(self.mesh, PartitionSpec(*[BATCH_AXIS if a == axis else None for a in range(len(shape))]))
+
     def put(self, values: Mapping[str, Any]) -> dict[str, jax.Array]:
-        """Weights and state: on the default device, or replicated on every device."""
+        """Weights and state: on the default device, or on every device (whole, or split with shard_state)."""
         if self.devices and not self.parallel:
             return {n: jax.device_put(v, self.devices[0]) for n, v in values.items()}
-        return {n: jax.device_put(v, self.replicated) for n, v in values.items()}
+        return {n: jax.device_put(v, self.sharding(np.shape(v))) for n, v in values.items()}
+
+    def keep_layout(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """Inside a traced step: each new state value laid out as `put` lays it out, so the step's output state
+        is split like its input (the donated buffers are reused, and the state stays split step after step)."""
+        if not self.shard_state:
+            return dict(state)
+        return {n: jax.lax.with_sharding_constraint(v, self.sharding(v.shape)) if np.ndim(v) else v
+                for n, v in state.items()}
 
     def feeds(self, feeds: Mapping[str, Any], declared: Mapping[str, ValueInfo]) -> dict[str, Any]:
         """Batched feeds (first dimension symbolic or unknown) are split over the devices; others replicated."""
@@ -57,3 +78,13 @@ class Placement:
                 )
             placed[name] = jax.device_put(value, self.split if batched else self.replicated)
         return placed
+
+
+def host_array(value: Any) -> np.ndarray:
+    """A value as a NumPy array; one split across hosts (shard_state on several hosts) is gathered first, a
+    collective that every host must join."""
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+    return np.asarray(value)

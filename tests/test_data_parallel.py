@@ -1,4 +1,5 @@
-"""The same model trained on 1 and on 8 (virtual CPU) devices gives the same state within float tolerance."""
+"""The same model trained on 1 and on 8 (virtual CPU) devices gives the same state within float tolerance, with the
+state replicated or split over the devices (shard_state)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 
 SCRIPT = r"""
 import sys
+import warnings
 import numpy as np
+import onnx
 import jax
 sys.path.insert(0, sys.argv[1])
 import onnxtrain
@@ -31,6 +34,22 @@ for devices in (jax.devices()[:1], jax.devices()):
     print(len(devices), "devices, output sharded over", len(sharding.device_set))
 for name in states[0]:
     np.testing.assert_allclose(states[1][name], states[0][name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+# shard_state: each weight and moment split over the 8 devices along its longest axis that 8 divides
+with warnings.catch_warnings():
+    warnings.simplefilter("error")  # "donated buffers were not usable" would mean the state changed layout
+    sharded = onnxtrain.load(mlp_adam(mlp_params(), lr=0.01), devices=jax.devices(), shard_state=True)
+    sharded.init()
+    for _ in range(10):
+        sharded.train_step({"X": x, "Target": t})
+for name, value in sharded.state.items():
+    np.testing.assert_allclose(np.asarray(value), states[0][name], rtol=1e-5, atol=1e-6, err_msg=name)
+    print("sharded", name, value.shape, value.sharding.shard_shape(value.shape))
+np.testing.assert_allclose(np.asarray(sharded.infer({"X": x})["Y"]), np.asarray(engine.infer({"X": x})["Y"]),
+                           rtol=1e-5, atol=1e-6)
+sharded.export(sys.argv[2])
+exported = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(sys.argv[2]).graph.initializer}
+np.testing.assert_array_equal(exported["W1"], np.asarray(sharded.state["W1"]))
 engine = onnxtrain.load(mlp_adam(mlp_params(), lr=0.01), devices=jax.devices())
 try:
     engine.train_step({"X": x[:6], "Target": t[:6]})
@@ -40,11 +59,15 @@ print("EQUAL")
 """
 
 
-def test_one_and_eight_devices_train_to_the_same_state():
+def test_one_and_eight_devices_train_to_the_same_state(tmp_path: Path):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run([sys.executable, "-c", SCRIPT, str(Path(__file__).parent)], env=env,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run([sys.executable, "-c", SCRIPT, str(Path(__file__).parent), str(tmp_path / "t.onnx")],
+                            env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "8 devices, output sharded over 8" in result.stdout
     assert "refused: feed 'X': batch size 6 is not divisible by the 8 devices" in result.stdout
     assert result.stdout.strip().endswith("EQUAL")
+    # W1 [4, 8] split along its columns, W2 [8, 2] along its rows; the step count T (a scalar) stays whole
+    assert "sharded W1 (4, 8) (4, 1)" in result.stdout
+    assert "sharded W2 (8, 2) (1, 2)" in result.stdout
+    assert "sharded T () ()" in result.stdout

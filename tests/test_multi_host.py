@@ -1,7 +1,8 @@
 """Multi-host data parallelism for real: two processes on this machine, each a JAX host with two (virtual CPU)
 devices, joined by jax.distributed over localhost with gloo collectives. Training over the four devices must
 give the state one device gives, whether each host feeds the whole batch (NumPy) or only its own rows (a global
-array built with the engine's batch_sharding), and process 0 exports the trained model."""
+array built with the engine's batch_sharding), with the state replicated or split across the hosts (shard_state),
+and process 0 exports the trained model (with split state, every host exports: the export gathers it)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ t = rng.normal(size=(64, 2)).astype(np.float32)
 model = mlp_adam(mlp_params(), lr=0.01)
 single = onnxtrain.load(model, devices=jax.local_devices()[:1])
 hosts = onnxtrain.load(model, devices=jax.devices())
-for engine in (single, hosts):
+sharded = onnxtrain.load(model, devices=jax.devices(), shard_state=True)  # each host holds half of each weight
+for engine in (single, hosts, sharded):
     engine.init()
 mine = slice(32 * process, 32 * (process + 1))
 for step in range(10):
@@ -47,9 +49,14 @@ for step in range(10):
     else:  # each host passes the whole batch
         feeds = {"X": x, "Target": t}
     hosts.train_step(feeds)
+    sharded.train_step(feeds)
 for name, value in single.state.items():
     np.testing.assert_allclose(np.asarray(hosts.state[name]), np.asarray(value), rtol=1e-5, atol=1e-6,
                                err_msg=name)
+    np.testing.assert_allclose(multihost_utils.process_allgather(sharded.state[name], tiled=True),
+                               np.asarray(value), rtol=1e-5, atol=1e-6, err_msg=name)
+assert not sharded.state["W1"].is_fully_addressable
+sharded.export(f"{exported}.{process}")  # gathers the split state: every host calls it
 y = hosts.infer({"X": x})["Y"]
 assert not y.is_fully_addressable  # the rows of the output live on both hosts
 np.testing.assert_allclose(multihost_utils.process_allgather(y, tiled=True), np.asarray(single.infer({"X": x})["Y"]),
@@ -84,3 +91,7 @@ def test_two_hosts_train_to_the_state_of_one_device(tmp_path: Path):
         assert f"SAME STATE {process}" in out
     trained = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(exported).graph.initializer}
     assert not np.allclose(trained["W1"], mlp_params()["W1"]), "the export holds the initial weights"
+    for process in (0, 1):  # each host's export of the split state holds the whole trained weights
+        gathered = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(f"{exported}.{process}").graph.initializer}
+        for name, value in trained.items():
+            np.testing.assert_allclose(gathered[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
