@@ -280,8 +280,8 @@ def load(
     replicated); default: JAX's default device. `shard_state`: with several devices, split each state variable
     and float weight along its longest axis the device count divides instead of replicating it (FSDP-style: a
     device holds 1/n of the weights and optimizer moments; XLA gathers them where a step needs them).
-    `matmul_precision`: "highest" computes float32 matrix
-    products in full float32 as ONNX specifies; "default" lets a GPU use TF32 (faster, ~1e-3 relative error)."""
+    `matmul_precision`: "highest" computes float32 matrix products in full float32 as ONNX specifies; "default"
+    lets a GPU use TF32 (faster, ~1e-3 relative error)."""
     enable_compilation_cache()
     model, _folder = read_model(source)
     return Engine(model, seed=seed, check=check, devices=devices, matmul_precision=matmul_precision,
