@@ -55,10 +55,25 @@ def parse_inputs(items: list[str]) -> dict[str, np.ndarray]:
     return feeds
 
 
+def devices(count: int | None) -> list | None:
+    """The first `count` of JAX's devices for --devices (None: JAX's default device)."""
+    import jax
+
+    if count is None:
+        return None
+    available = jax.devices()
+    if not 1 <= count <= len(available):
+        raise OnnxTrainError(
+            f"--devices {count}: {len(available)} {available[0].platform} device(s) available "
+            f"(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N makes N)"
+        )
+    return available[:count]
+
+
 def cmd_infer(args: argparse.Namespace) -> None:
     from .engine import load
 
-    engine = load(args.model)
+    engine = load(args.model, devices=devices(args.devices))
     outputs = engine.infer(parse_inputs(args.input))
     for name, value in outputs.items():
         array = np.asarray(value)
@@ -71,7 +86,10 @@ def cmd_train(args: argparse.Namespace) -> None:
     from .engine import load
     from .loop import array_batches, fit
 
-    engine = load(args.model, seed=args.seed)
+    engine = load(args.model, seed=args.seed, devices=devices(args.devices), shard_state=args.shard_state)
+    if engine.batch_sharding is not None:
+        split = any(not v.sharding.is_fully_replicated for v in engine.state.values())
+        print(f"data parallel over {args.devices} devices; state {'split' if split else 'replicated'}")
     try:
         with np.load(args.data, allow_pickle=False) as data:
             arrays = {name: data[name] for name in data.files}
@@ -114,6 +132,9 @@ def cmd_export(args: argparse.Namespace) -> None:
     print(f"wrote {args.output}")
 
 
+DEVICES_HELP = "data parallel over the first N devices: each batch split between them"
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="onnxtrain", description="Train and run ONNX models with JAX/XLA.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -124,6 +145,7 @@ def parser() -> argparse.ArgumentParser:
     infer.add_argument("model")
     infer.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     infer.add_argument("--output-dir", help="also save each output as NAME.npy there")
+    infer.add_argument("--devices", type=int, help=DEVICES_HELP)
     infer.set_defaults(run=cmd_infer)
     train = sub.add_parser("train", help="train a model that carries TrainingInfoProto")
     train.add_argument("model")
@@ -135,6 +157,9 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--no-init", action="store_true", help="start from the model's initializers")
     train.add_argument("-o", "--output", help="write the trained model here")
+    train.add_argument("--devices", type=int, help=DEVICES_HELP)
+    train.add_argument("--shard-state", action="store_true",
+                       help="with --devices: split the weights and optimizer state over the devices")
     train.set_defaults(run=cmd_train)
     author = sub.add_parser("make-trainable", help="add a TrainingInfoProto (loss, Gradient, optimizer)")
     author.add_argument("model")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +16,9 @@ EXAMPLE = Path(onnxtrain.__file__).parent / "examples"
 MODEL, DATA = EXAMPLE / "regression.onnx", EXAMPLE / "regression.npz"
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "onnxtrain.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=env)
 
 
 def assert_user_error(result: subprocess.CompletedProcess, fragment: str) -> None:
@@ -44,6 +45,21 @@ def test_infer(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "Y.npy"), expected)
     np.save(tmp_path / "bad.npy", x.astype(np.float64))
     assert_user_error(cli("infer", MODEL, "--input", f"X={tmp_path / 'bad.npy'}"), "expected dtype float")
+
+
+def test_train_on_two_devices_with_split_state_matches_one_device(tmp_path):
+    two = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    args = ("train", MODEL, "--data", DATA, "--steps", 5, "--batch-size", 64)
+    single = cli(*args, "-o", tmp_path / "one.onnx")
+    split = cli(*args, "--devices", 2, "--shard-state", "-o", tmp_path / "two.onnx", env=two)
+    assert single.returncode == 0 and split.returncode == 0, single.stderr + split.stderr
+    assert "data parallel over 2 devices; state split" in split.stdout
+    weights = [{t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(tmp_path / name).graph.initializer}
+               for name in ("one.onnx", "two.onnx")]
+    assert weights[0].keys() == weights[1].keys()
+    for name, value in weights[0].items():
+        np.testing.assert_allclose(weights[1][name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+    assert_user_error(cli(*args, "--devices", 3, env=two), "--devices 3: 2 cpu device(s) available")
 
 
 def test_train_writes_a_model_whose_loss_fell(tmp_path):
