@@ -86,6 +86,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     from .engine import load
     from .loop import array_batches, fit
 
+    if args.shard_state and (args.devices or 1) < 2:
+        raise OnnxTrainError("--shard-state splits the state over several devices: give --devices N with N > 1")
     engine = load(args.model, seed=args.seed, devices=devices(args.devices), shard_state=args.shard_state)
     if engine.batch_sharding is not None:
         split = any(not v.sharding.is_fully_replicated for v in engine.state.values())

@@ -60,6 +60,7 @@ def test_train_on_two_devices_with_split_state_matches_one_device(tmp_path):
     for name, value in weights[0].items():
         np.testing.assert_allclose(weights[1][name], value, rtol=1e-5, atol=1e-6, err_msg=name)
     assert_user_error(cli(*args, "--devices", 3, env=two), "--devices 3: 2 cpu device(s) available")
+    assert_user_error(cli(*args, "--shard-state"), "give --devices N with N > 1")
 
 
 def test_train_writes_a_model_whose_loss_fell(tmp_path):
