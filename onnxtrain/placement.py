@@ -4,7 +4,8 @@ Data parallelism uses JAX's own machinery: state and weights are replicated with
 `shard_state` each split along one axis over the devices (as FSDP/ZeRO keep weights and optimizer moments: a
 device holds 1/n of them); batched feeds are split along their first axis, and XLA's SPMD partitioner turns the
 one jitted step into a per-device program with the collectives (the gradient all-reduce, and with split state
-the all-gathers of the weights a product needs) inserted for us. The same code runs multi-host after `jax.distributed.initialize()`.
+the all-gathers of the weights a product needs) inserted for us. The same code runs multi-host after
+`jax.distributed.initialize()`.
 """
 
 from __future__ import annotations
