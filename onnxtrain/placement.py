@@ -40,9 +40,10 @@ class Placement:
     def sharding(self, shape: Sequence[int]) -> NamedSharding | None:
         """Replicated, or with shard_state split along the longest axis the device count divides (the first of
         equals); an array with no such axis (a scalar, a short bias) stays whole on every device."""
-        count = len(self.devices) if self.devices else 1
-        axes = [axis for axis, size in enumerate(shape) if size and size % count == 0]
-        if not self.shard_state or not axes:
+        if not self.shard_state:
+            return self.replicated
+        axes = [axis for axis, size in enumerate(shape) if size and size % len(self.devices) == 0]
+        if not axes:
             return self.replicated
         axis = max(axes, key=lambda a: shape[a])
         return NamedSharding(self.mesh, PartitionSpec(*[BATCH_AXIS if a == axis else None for a in range(len(shape))]))
