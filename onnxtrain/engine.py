@@ -22,6 +22,7 @@ from .dtypes import is_float
 from .errors import StateError
 from .feeds import FeedChecker
 from .lower.graph import Runtime, Scope, run_graph, run_nodes
+from .lower.target import targeting
 from .model import Graph, ModelSource, ValueInfo, build_graph, check_model, model_resolver, raise_if_missing
 from .model import read_model
 from .placement import Placement, host_array
@@ -93,9 +94,10 @@ class Engine:
         self._train_feeds = [FeedChecker(*feed_lists([self.graph, a.algorithm])) for a in self.algorithms]
         self._declared = {i.name: i for g in [self.graph] + [a.algorithm for a in self.algorithms] for i in g.inputs}
         self.matmul_precision = matmul_precision
-        self._infer = Program(self._infer_body, self.graph.nodes, matmul_precision=matmul_precision)
+        self._infer = Program(self._infer_body, self.graph.nodes, self._placement.platform,
+                              matmul_precision=matmul_precision)
         self._train = [self._train_program(a) for a in self.algorithms]
-        self._init = Program(self._init_body, (), matmul_precision=matmul_precision)
+        self._init = Program(self._init_body, (), self._placement.platform, matmul_precision=matmul_precision)
 
     # ----- the pure bodies (traced once per signature) -----
 
@@ -131,7 +133,7 @@ class Engine:
             state = assign(state, algorithm.update_binding, {n: scope[n] for n in bound}, where)
             return (self._placement.keep_layout(state), step + 1), outputs
 
-        return Program(body, nodes, donate=(0,), matmul_precision=self.matmul_precision)
+        return Program(body, nodes, self._placement.platform, donate=(0,), matmul_precision=self.matmul_precision)
 
     def _init_body(self, state, key, feeds, static_feeds):
         for algorithm in self.algorithms:
@@ -234,7 +236,8 @@ class Engine:
         params = {**self._main_consts, **{n: v for n, v in self._state.items() if self.state_owner[n] is None}}
 
         def fn(params: Mapping[str, Any], feeds: Mapping[str, Any]) -> dict[str, Any]:
-            with jax.enable_x64(True), jax.default_matmul_precision(self.matmul_precision):
+            with (jax.enable_x64(True), jax.default_matmul_precision(self.matmul_precision),
+                  targeting(self._placement.platform)):
                 _, outputs = self._infer_body(params, {}, self._key, feeds, {})
             return outputs
 

@@ -34,6 +34,11 @@ class Placement:
         self.shard_state = shard_state and self.parallel  # split over one device is the whole array
 
     @property
+    def platform(self) -> str:
+        """The platform programs are compiled for: the devices', or JAX's default backend's."""
+        return self.devices[0].platform if self.devices else jax.default_backend()
+
+    @property
     def parallel(self) -> bool:
         return self.split is not None
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from .dtypes import host_only
 from .errors import StaticValueRequired
+from .lower.target import targeting
 from .model import Node
 
 
@@ -67,10 +68,11 @@ class Program:
     """
 
     def __init__(
-        self, body: Callable[..., Any], nodes: Sequence[Node], donate: tuple = (),
+        self, body: Callable[..., Any], nodes: Sequence[Node], platform: str, donate: tuple = (),
         matmul_precision: str = "highest",
     ):
         self.body = body
+        self.platform = platform
         self.matmul_precision = matmul_precision
         self.nodes = nodes
         self.donate = donate
@@ -85,8 +87,8 @@ class Program:
         if fn is None:
 
             def traced(*arrays):
-                # the precision is read while tracing, so it is set here, not around every call
-                with jax.default_matmul_precision(self.matmul_precision):
+                # the precision and platform are read while tracing, so they are set here, not around every call
+                with jax.default_matmul_precision(self.matmul_precision), targeting(self.platform):
                     state, outputs = self.body(*arrays, static)
                 self.trace_count += 1  # counted once complete: a trace that stops to specialise a feed is not one
                 host = {n: v for n, v in outputs.items() if host_only(v)}

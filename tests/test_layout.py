@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnxtrain
+from onnxtrain.placement import Placement
 from nodes import graph_model, run_both, value
 
 RNG = np.random.default_rng(0)
@@ -91,16 +92,17 @@ def count_transposes(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> in
 def test_a_cnn_gradient_transposes_only_at_the_boundaries(between: str):
     """Conv, an activation, MaxPool, Conv, an activation, Flatten: activations stay channels-last, so the
     forward and backward passes transpose X, the two kernels, the Flatten input and the gradients of those
-    (at most 8), not every activation and its gradient (12 and more before)."""
+    (at most 8), not every activation and its gradient (12 and more before). Four input channels: the
+    convolutions are XLA's, not the first-layer multiply-adds (whose kernel gradient transposes each tap)."""
     n = helper.make_node
     nodes = [
         n("Conv", ["X", "W1"], ["c1"], pads=[1, 1, 1, 1]), n(between, ["c1"], ["a1"]),
         n("MaxPool", ["a1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
         n("Conv", ["p1", "W2"], ["c2"]), n(between, ["c2"], ["a2"]), n("Flatten", ["a2"], ["Y"]),
     ]
-    weights = {"W1": rand(4, 2, 3, 3), "W2": rand(5, 4, 3, 3)}
-    model = graph_model(nodes, [value("X", TensorProto.FLOAT, [2, 2, 8, 8])], ["Y"], weights)
-    assert count_transposes(model, {"X": rand(2, 2, 8, 8)}) <= 8
+    weights = {"W1": rand(4, 4, 3, 3), "W2": rand(5, 4, 3, 3)}
+    model = graph_model(nodes, [value("X", TensorProto.FLOAT, [2, 4, 8, 8])], ["Y"], weights)
+    assert count_transposes(model, {"X": rand(2, 4, 8, 8)}) <= 8
 
 
 @pytest.mark.parametrize("pool", ["MaxPool", "AveragePool"])
@@ -108,10 +110,15 @@ def test_a_cnn_gradient_transposes_only_at_the_boundaries(between: str):
     "conv_attrs", [dict(pads=[1, 1, 1, 1]), dict(strides=[2, 1], dilations=[1, 2], pads=[2, 0, 1, 3])]
 )
 @pytest.mark.parametrize("group", [1, 2])
-def test_a_pool_reading_a_shallow_convolution_at_its_window_offsets(pool: str, conv_attrs: dict, group: int):
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_a_pool_reading_a_shallow_convolution_at_its_window_offsets(
+    pool: str, conv_attrs: dict, group: int, platform: str, monkeypatch: pytest.MonkeyPatch
+):
     """A tiled pool after a few-channel (group 1) or depthwise (group 2, 2 outputs per group) convolution and
-    elementwise ops evaluates them at each window offset (layout.ChannelsLast.at), an odd-sized remainder
-    cropped: values and gradients as the reference's."""
+    elementwise ops evaluates them at each window offset (layout.ChannelsLast.at) when traced for a CPU, an
+    odd-sized remainder cropped; traced for a GPU it pools XLA's convolution, computed once and differentiated
+    once. Values and gradients as the reference's either way."""
+    monkeypatch.setattr(Placement, "platform", property(lambda self: platform))
     n = helper.make_node
     channels_out = 5 if group == 1 else 4
     nodes = [n("Conv", ["X", "W", "B"], ["c"], group=group, **conv_attrs), n("Relu", ["c"], ["r"]),
@@ -130,6 +137,8 @@ def test_a_pool_reading_a_shallow_convolution_at_its_window_offsets(pool: str, c
             return (fn(p, x64)["Y"] ** 2).sum()
 
         grad = jax.grad(loss)(params64)["W"]
+        if platform == "gpu":  # one forward convolution, one kernel gradient (one per window offset before)
+            assert str(jax.make_jaxpr(jax.grad(loss))(params64)).count("conv_general_dilated[") == 2
         direction = np.random.default_rng(2).standard_normal(grad.shape)
         eps = 1e-6
         numeric = (loss({**params64, "W": params64["W"] + eps * direction})

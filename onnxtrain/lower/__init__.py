@@ -3,7 +3,7 @@
 import importlib
 import pkgutil
 
-_INFRASTRUCTURE = {"graph", "registry", "values", "context", "functions"}
+_INFRASTRUCTURE = {"graph", "registry", "values", "target"}
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in _INFRASTRUCTURE:

@@ -23,6 +23,7 @@ from jax import lax
 
 from .layout import CHANNELS_LAST, ChannelsLast, Grid, channels_first, channels_last, strided
 from .registry import op, versions
+from .target import target_platform
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
@@ -169,13 +170,11 @@ def convolve(
         return y if bias is None else y + jnp.asarray(bias).astype(y.dtype)
 
     depthwise_or_dense = groups == 1 or groups == x.shape[-1]
-    if depthwise_or_dense and not input_dilation and accumulate is None and is_shallow(w, groups):
+    shallow = depthwise_or_dense and not input_dilation and accumulate is None and is_shallow(w, groups)
+    if shallow and target_platform() == "cpu":  # elsewhere XLA's (cuDNN's) convolution is the fast one
 
         def at(grid: Grid | None):
-            return biased(lax.platform_dependent(
-                x, w, cpu=partial(shallow_convolution, geometry=geometry, grid=grid),
-                default=partial(_xla_convolution_at, geometry=geometry, grid=grid),
-            ))
+            return biased(shallow_convolution(x, w, geometry, grid))
 
         return ChannelsLast(at(None), at)
     return ChannelsLast(biased(xla_convolution(x, w, geometry, input_dilation, accumulate)))
