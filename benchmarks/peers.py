@@ -4,6 +4,11 @@ Each peer is a pair of zero-argument callables (a train step, an inference) that
 done, so a wall-clock timer around one call measures that call. Every peer gets the same batch, already where it
 computes from (device arrays for JAX and onnxtrain, tensors for PyTorch, NumPy for ONNX Runtime), so no peer
 pays a host-to-device copy the others do not.
+
+Where JAX's default backend is a GPU, PyTorch runs on CUDA and ONNX Runtime on its CUDA provider when its build
+has one (the CPU provider otherwise: `ORT_PROVIDER` says which). Every peer multiplies float32 matrices at the
+precision `set_precision` chose: "highest" (full float32, what ONNX specifies and onnxtrain's default) or
+"default" (TF32 on NVIDIA GPUs since Ampere, for JAX, PyTorch and onnxtrain alike; the same bits on a CPU).
 """
 
 from __future__ import annotations
@@ -33,6 +38,30 @@ jax.config.update("jax_enable_compilation_cache", False)
 LR, BETA1, BETA2, EPS = 1e-3, 0.9, 0.999, 1e-6
 WARM = 0.05  # seconds of untimed calls before each timed turn (interleaved); ort_training.py uses the same
 Call = Callable[[], Any]
+ON_GPU = jax.default_backend() == "gpu"
+TORCH_DEVICE = torch.device("cuda" if ON_GPU and torch.cuda.is_available() else "cpu")
+ORT_PROVIDER = ("CUDAExecutionProvider" if ON_GPU and "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+                else "CPUExecutionProvider")
+PRECISION: dict[str, str] = {}
+
+
+def set_precision(precision: str) -> None:
+    """Float32 matrix products and convolutions of every peer: "highest" (full float32) or "default" (TF32 where
+    the hardware has it)."""
+    PRECISION["matmul"] = precision
+    tf32 = precision == "default"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32  # PyTorch's own default is True for convolutions, False for matmuls
+
+
+set_precision("highest")  # PyTorch's own defaults differ (TF32 convolutions): every peer starts alike
+
+
+def torch_ready(value: Any) -> Any:
+    """`value` once PyTorch has computed it: CUDA kernels run asynchronously to the Python that launched them."""
+    if TORCH_DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+    return value
 
 
 @dataclass
@@ -62,7 +91,9 @@ def onnxtrain_peer(bench: Bench, data: Batch) -> Peer:
     """make_trainable(cross_entropy, adam) for the train step; the plain inference model for infer."""
     trainable = onnxtrain.make_trainable(bench.model, loss="cross_entropy", optimizer="adam", learning_rate=LR,
                                          alpha=BETA1, beta=BETA2, epsilon=EPS)
-    trainer, inferer = onnxtrain.load(trainable), onnxtrain.load(bench.model)
+    precision = PRECISION["matmul"]
+    trainer = onnxtrain.load(trainable, matmul_precision=precision)
+    inferer = onnxtrain.load(bench.model, matmul_precision=precision)
     with jax.enable_x64(True):  # the ONNX label dtype is int64; outside x64 mode JAX would make it int32
         x, y = jax.device_put(data.x), jax.device_put(data.y)
     return Peer(train=lambda: jax.block_until_ready(trainer.train_step({"X": x, "target": y})),
@@ -76,12 +107,15 @@ def jax_peer(bench: Bench, data: Batch) -> Peer:
     def loss_fn(params: dict, x: jax.Array, y: jax.Array) -> jax.Array:
         return optax.softmax_cross_entropy_with_integer_labels(bench.forward(params, x), y).mean()
 
+    # the precision is read while tracing, so it is set inside the jitted functions, not around every call
     @jax.jit
     def infer(params: dict, x: jax.Array) -> jax.Array:
-        return bench.forward(params, x)
+        with jax.default_matmul_precision(PRECISION["matmul"]):
+            return bench.forward(params, x)
 
     def step(params: dict, opt_state: Any, x: jax.Array, y: jax.Array) -> tuple:
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        with jax.default_matmul_precision(PRECISION["matmul"]):
+            loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -100,28 +134,29 @@ def jax_peer(bench: Bench, data: Batch) -> Peer:
 
 def torch_peer(bench: Bench, data: Batch) -> Peer:
     """PyTorch eager: a module copy (training changes it), cross_entropy, torch.optim.Adam with its defaults."""
-    trained = copy.deepcopy(bench.module)
+    trained = copy.deepcopy(bench.module).to(TORCH_DEVICE)
+    frozen = copy.deepcopy(bench.module).to(TORCH_DEVICE)
     optimizer = torch.optim.Adam(trained.parameters(), lr=LR, betas=(BETA1, BETA2), eps=EPS)
-    x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
+    x, y = torch.from_numpy(data.x).to(TORCH_DEVICE), torch.from_numpy(data.y).to(TORCH_DEVICE)
 
     def train() -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
         loss = torch.nn.functional.cross_entropy(trained(x), y)
         loss.backward()
         optimizer.step()
-        return loss
+        return torch_ready(loss)
 
     def infer() -> torch.Tensor:
         with torch.no_grad():
-            return bench.module(x)
+            return torch_ready(frozen(x))
 
     state = sum(p.numel() * p.element_size() * 3 for p in trained.parameters())  # weights + Adam's two moments
     return Peer(train=train, infer=infer, state_bytes=state)
 
 
 def ort_peer(bench: Bench, data: Batch) -> Peer:
-    """ONNX Runtime's InferenceSession on the inference model, CPU provider, default session options."""
-    session = onnxruntime.InferenceSession(bench.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    """ONNX Runtime's InferenceSession on the inference model, ORT_PROVIDER, default session options."""
+    session = onnxruntime.InferenceSession(bench.model.SerializeToString(), providers=[ORT_PROVIDER])
     feeds = {"X": data.x}
     return Peer(train=None, infer=lambda: session.run(None, feeds), state_bytes=0)
 

@@ -4,9 +4,10 @@
 
 Everything is timed in this one process, in rounds that alternate between the peers, except ONNX Runtime training:
 it needs its own environment (see README.md), so benchmarks/ort_training.py times it there, in a child process,
-right after the in-process peers' medians of that model. Peak memory is measured in child processes (one per model
-and peer) because a process's peak RSS cannot be shared. `--write` puts the table, the machine and the command into
-benchmarks/README.md. See that file for what each row means.
+right after the in-process peers' medians of that model. First calls and peak memory are measured in a fresh child
+process per model and peer: a compile leaves caches behind (XLA's GPU autotuning results among them) that would
+favour whichever peer compiles second, and a process's peak RSS cannot be shared. `--write` puts the table, the
+machine and the command into benchmarks/README.md. See that file for what each row means.
 """
 
 from __future__ import annotations
@@ -38,13 +39,16 @@ from onnx import TensorProto, helper
 sys.path.insert(0, str(Path(__file__).parent))
 import onnxtrain  # noqa: E402
 from models import MODELS, Bench, build  # noqa: E402
-from peers import BETA1, BETA2, EPS, LR, PEERS, Batch, first_call, interleaved, make_batch  # noqa: E402
+from peers import (BETA1, BETA2, EPS, LR, ON_GPU, ORT_PROVIDER, PEERS, PRECISION, TORCH_DEVICE, Batch,  # noqa: E402
+                   first_call, interleaved, make_batch, set_precision)
 
 HERE = Path(__file__).parent
 # onnxruntime-training installs the same `onnxruntime` module as the inference package imported here: see README.md
 ORT_TRAINING_PYTHON = Path(os.environ.get("ORT_TRAINING_PYTHON") or HERE / ".ort-training" / "bin" / "python")
 README = HERE / "README.md"
-BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+# a GPU run's table has markers of its own, so the CPU table and the GPU table are rewritten independently
+MARKER = "results-gpu" if ON_GPU else "results"
+BEGIN, END = f"<!-- {MARKER}:begin -->", f"<!-- {MARKER}:end -->"
 COLUMNS = {"onnxtrain": "onnxtrain", "jax": "JAX", "torch": "PyTorch", "ort": "ORT", "ort_training": "ORT training"}
 PEER_ORDER = list(COLUMNS)
 
@@ -86,27 +90,26 @@ class Plan:
     steps: int  # timed calls per peer and measurement
     rounds: int  # alternations between the peers
     warmup: int  # untimed calls per peer after the first
-    memory_steps: int  # train steps the memory child runs after its peak is reset
+    memory_steps: int  # train steps the fresh child runs after its peak is reset
     dispatch_calls: int  # calls per peer of the tiny model
     batch: int
 
 
 def model_rows(name: str, plan: Plan) -> list[Row]:
-    """Train step and inference medians of every peer, and first-call times of onnxtrain and JAX."""
+    """Train step and inference medians of every peer; first-call times and peak memory of onnxtrain and JAX,
+    each in a fresh process."""
     bench = build(name)
     data = make_batch(bench, plan.batch)
     peers = {peer: make(bench, data) for peer, make in PEERS.items()}
-    # onnxtrain compiles first: what one compile leaves in JAX's in-process caches (jnp's own jitted helpers)
-    # then favours the JAX peer, never onnxtrain
-    first = {(kind, peer): first_call(getattr(peers[peer], kind)) for peer in ("onnxtrain", "jax")
-             for kind in ("train", "infer")}
     calls = {(kind, peer): getattr(p, kind) for peer, p in peers.items() for kind in ("train", "infer")
              if getattr(p, kind) is not None}
-    for key, call in calls.items():
-        for _ in range(plan.warmup + (0 if key in first else 1)):  # torch and ORT: their first call untimed
+    for call in calls.values():
+        for _ in range(plan.warmup + 1):  # the first call compiles (or, for PyTorch and ORT, warms up)
             call()
     median = interleaved(calls, plan.steps, plan.rounds)
     ort = ort_training(name, bench, data, plan)  # right after, so the machine's drift between them is least
+    fresh = {peer: fresh_child(name, peer, plan) for peer in ("onnxtrain", "jax")}
+    first = {(kind, peer): fresh[peer][f"first_{kind}"] for peer in fresh for kind in ("train", "infer")}
     if ort:
         median["train", "ort_training"], first["train", "ort_training"] = ort["median"], ort["first"]
     rows = []
@@ -114,6 +117,11 @@ def model_rows(name: str, plan: Plan) -> list[Row]:
         rows.append(Row(name, label, {p: median[(k, p)] * 1e3 for k, p in median if k == kind}))
     for kind, label in (("train", "first call, train step (s)"), ("infer", "first call, infer (s)")):
         rows.append(Row(name, label, {p: first[(k, p)] for k, p in first if k == kind}))
+    if not ON_GPU:  # the state and a step's temporaries live in GPU memory there, which the RSS does not see
+        state_mb = fresh["jax"]["state"] / 2**20
+        rows.append(Row(name, f"train peak RSS increase (MB; state {fmt(state_mb)} MB)",
+                        {peer: r["increase"] / 2**20 for peer, r in fresh.items()},
+                        {peer: f" ({r['increase'] / r['state']:.1f}× state)" for peer, r in fresh.items()}))
     return rows
 
 
@@ -144,20 +152,14 @@ def ort_training(name: str, bench: Bench, data: Batch, plan: Plan) -> dict[str, 
     return result
 
 
-def memory_rows(name: str, plan: Plan) -> list[Row]:
-    """Peak RSS increase over a run of train steps, measured in a fresh child process per peer."""
-    values, notes = {}, {}
-    for peer in ("onnxtrain", "jax"):
-        command = [sys.executable, __file__, "--memory-child", f"{name}:{peer}", "--batch", str(plan.batch),
-                   "--steps", str(plan.memory_steps)]
-        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **MALLOC_ENV})
-        if done.returncode:
-            raise RuntimeError(f"memory child {name}:{peer} failed:\n{done.stderr[-2000:]}")
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        values[peer] = result["increase"] / 2**20
-        notes[peer] = f" ({result['increase'] / result['state']:.1f}× state)"
-    state_mb = result["state"] / 2**20
-    return [Row(name, f"train peak RSS increase (MB; state {fmt(state_mb)} MB)", values, notes)]
+def fresh_child(name: str, peer: str, plan: Plan) -> dict[str, float]:
+    """`peer`'s first calls and train-step memory on model `name`, measured by `measure_fresh` in a new process."""
+    command = [sys.executable, __file__, "--fresh-child", f"{name}:{peer}", "--batch", str(plan.batch),
+               "--steps", str(plan.memory_steps), "--precision", PRECISION["matmul"]]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **MALLOC_ENV})
+    if done.returncode:
+        raise RuntimeError(f"fresh child {name}:{peer} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 # glibc keeps freed blocks below its (adaptive) mmap threshold resident, so after a few steps the RSS would
@@ -170,15 +172,18 @@ def proc_status_kib(key: str) -> int:
     return int(re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M).group(1))
 
 
-def memory_child(spec: str, batch: int, steps: int) -> None:
-    """Prints {"state": bytes, "increase": bytes}: the peak RSS over `steps` train steps minus the settled RSS
-    before them, that is the memory one step allocates beyond the state it keeps (XLA's temporaries and any
-    output that does not reuse a donated buffer). Compiling and three steps come first, so compile-time memory
-    is not counted."""
+def measure_fresh(spec: str, batch: int, steps: int) -> None:
+    """Prints {"first_train": s, "first_infer": s, "state": bytes, "increase": bytes}: the first train step's
+    and then the first inference's time (after `warm_up`, so JAX's own first-compile setup is not billed to the
+    peer), and the peak RSS over `steps` train steps minus the settled RSS before them, that is the memory one
+    step allocates beyond the state it keeps (XLA's temporaries and any output that does not reuse a donated
+    buffer). Compiling and three steps come before those, so compile-time memory is not counted."""
     name, peer_name = spec.split(":")
+    warm_up()
     bench = build(name)
     peer = PEERS[peer_name](bench, make_batch(bench, batch))
-    for _ in range(3):
+    first = {"first_train": first_call(peer.train), "first_infer": first_call(peer.infer)}
+    for _ in range(2):
         peer.train()
     gc.collect()
     time.sleep(0.5)  # XLA frees a step's temporaries on its own threads, a little after the step returns
@@ -188,7 +193,7 @@ def memory_child(spec: str, batch: int, steps: int) -> None:
         peer.train()
         time.sleep(0.02)  # let this step's temporaries go before the next: the peak is one step's, not two
     increase = (proc_status_kib("VmHWM") - before) * 1024
-    print(json.dumps({"state": peer.state_bytes, "increase": increase}))
+    print(json.dumps({**first, "state": peer.state_bytes, "increase": increase}))
 
 
 def warm_up() -> None:
@@ -238,18 +243,20 @@ def machine() -> str:
         probe = subprocess.run([str(ORT_TRAINING_PYTHON), str(HERE / "ort_training.py"), "--version"],
                                capture_output=True, text=True)
         training = f", onnxruntime-training {probe.stdout.strip()}" if probe.returncode == 0 else ""
-    return (f"{cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, jax {jax.__version__}, "
-            f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}{training}, onnxtrain "
-            f"{getattr(onnxtrain, '__version__', '?')}")
+    accelerator = f"{jax.devices()[0].device_kind} ({jax.default_backend()}), " if ON_GPU else ""
+    return (f"{accelerator}{cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, jax "
+            f"{jax.__version__}, torch {torch.__version__} on {TORCH_DEVICE.type}, onnxruntime "
+            f"{onnxruntime.__version__} ({ORT_PROVIDER}){training}, onnxtrain {getattr(onnxtrain, '__version__', '?')}")
 
 
-def report(rows: list[Row], plan: Plan, argv: list[str], load: tuple[float, ...]) -> str:
+def report(rows: list[Row], plan: Plan, argv: list[str], load: tuple[float, ...], precision: str) -> str:
     return "\n".join([
         f"Measured {datetime.date.today().isoformat()} on {machine()}; load average (1, 5, 15 min) at start "
         f"{', '.join(f'{v:.2f}' for v in load)}.",
         "",
         f"Command: `python benchmarks/run.py{''.join(' ' + a for a in argv)}` (batch {plan.batch}, median of "
-        f"{plan.steps} calls per peer in {plan.rounds} interleaved rounds).",
+        f"{plan.steps} calls per peer in {plan.rounds} interleaved rounds; {precision} float32 matrix "
+        "products).",
         "",
         table(rows),
     ])
@@ -273,8 +280,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args.add_argument("--batch", type=int, default=64)
     args.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
     args.add_argument("--quick", action="store_true", help="a smoke run: few steps, numbers not meaningful")
+    args.add_argument("--precision", choices=("highest", "default"), default="highest",
+                      help="float32 matrix products of every peer: full float32, or TF32 where the GPU has it")
     args.add_argument("--write", action="store_true", help="update the table in benchmarks/README.md")
-    args.add_argument("--memory-child", help=argparse.SUPPRESS)  # MODEL:PEER, run by memory_rows
+    args.add_argument("--fresh-child", help=argparse.SUPPRESS)  # MODEL:PEER, run by fresh_child
     opts = args.parse_args(argv)
     unknown = set(opts.models.split(",")) - set(MODELS)
     if unknown:
@@ -284,8 +293,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> None:
     opts = parse(argv)
-    if opts.memory_child:
-        memory_child(opts.memory_child, opts.batch, opts.steps)
+    set_precision(opts.precision)
+    if opts.fresh_child:
+        measure_fresh(opts.fresh_child, opts.batch, opts.steps)
         return
     load = os.getloadavg()  # before this run adds its own
     steps = opts.steps or (10 if opts.quick else 200)
@@ -296,8 +306,8 @@ def main(argv: list[str]) -> None:
     rows = dispatch_rows(plan)
     for name in opts.models.split(","):
         print(f"# measuring {name} ...", flush=True)
-        rows += model_rows(name, plan) + memory_rows(name, plan)
-    text = report(rows, plan, argv, load)
+        rows += model_rows(name, plan)
+    text = report(rows, plan, argv, load, opts.precision)
     print(text)
     if opts.write:
         write_readme(text)
