@@ -3,7 +3,10 @@ per-step cell functions.
 
 Every direction runs in the same lax.scan: weights keep ONNX's leading num_directions axis and a backward
 direction simply sees its sequence reversed (within each batch entry's length), so a bidirectional layer costs
-one scan. The input projection X·Wᵀ + Wb, which does not depend on the state, is one matmul before the scan.
+one scan. The input projection X·Wᵀ + Wb, which does not depend on the state, is one matmul before the scan, and
+the recurrence bias Rb joins it there wherever it is added to the whole gate (everywhere but the candidate of a
+GRU with linear_before_reset): added inside the step, its gradient was summed over the batch, per gate, in every
+step of the backward loop (an LSTM's train step on a GPU: six more kernels per time step).
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ class Weights:
 
     R: Array  # [D, H, gates*H]: ONNX's R transposed once, outside the loop, for h·R
     R_t: Array  # [D, gates*H, H]: ONNX's R as given, for the gradient's g·Rᵀ (see _recur)
-    Rb: Array  # [D, gates*H]
+    Rb: Array | None  # [D, H]: the part of Rb a cell adds inside (the linear-before-reset GRU candidate's)
     P: Array | None  # [D, 3*H], LSTM only; None without peepholes (zeros would still cost three products)
     clip: Callable[[Array], Array]  # applied to every gate's pre-activation
 
@@ -117,7 +120,7 @@ def bias(b: Array) -> Array:
 
 def rnn_cell(x: tuple, state: tuple, w: Weights, acts: Sequence[Activation]) -> tuple:
     (x_gate,), (h,) = x, state
-    return (acts[0](w.clip(x_gate + recur(h, w) + bias(w.Rb))),)
+    return (acts[0](w.clip(x_gate + recur(h, w))),)
 
 
 def gru_cell(x: tuple, state: tuple, w: Weights, acts: Sequence[Activation], linear_before_reset: int) -> tuple:
@@ -126,21 +129,19 @@ def gru_cell(x: tuple, state: tuple, w: Weights, acts: Sequence[Activation], lin
     hidden = h.shape[-1]
     x_z, x_r, x_h = x
     zr, candidate_columns = slice(0, 2 * hidden), slice(2 * hidden, None)
-    Rb_zr, Rb_h = w.Rb[:, zr], w.Rb[:, candidate_columns]
-    (h_z, h_r), (b_z, b_r) = jnp.split(recur(h, w, zr), 2, axis=-1), jnp.split(bias(Rb_zr), 2, axis=-1)
-    z, r = f(w.clip(x_z + h_z + b_z)), f(w.clip(x_r + h_r + b_r))
+    h_z, h_r = jnp.split(recur(h, w, zr), 2, axis=-1)
+    z, r = f(w.clip(x_z + h_z)), f(w.clip(x_r + h_r))
     if linear_before_reset:
-        candidate = g(w.clip(x_h + r * (recur(h, w, candidate_columns) + bias(Rb_h))))
+        candidate = g(w.clip(x_h + r * (recur(h, w, candidate_columns) + bias(w.Rb))))
     else:
-        candidate = g(w.clip(x_h + recur(r * h, w, candidate_columns) + bias(Rb_h)))
+        candidate = g(w.clip(x_h + recur(r * h, w, candidate_columns)))
     return ((1 - z) * candidate + z * h,)
 
 
 def lstm_cell(x: tuple, state: tuple, w: Weights, acts: Sequence[Activation], input_forget: int) -> tuple:
     h, c = state
     f, g, act_h = acts
-    hR, b = jnp.split(recur(h, w), 4, axis=-1), jnp.split(bias(w.Rb), 4, axis=-1)
-    gi, go, gf, gc = (x_gate + hR_gate + b_gate for x_gate, hR_gate, b_gate in zip(x, hR, b))
+    gi, go, gf, gc = (x_gate + hR_gate for x_gate, hR_gate in zip(x, jnp.split(recur(h, w), 4, axis=-1)))
     if w.P is not None:
         p_i, p_o, p_f = (bias(p) for p in jnp.split(w.P, 3, axis=-1))
         gi, gf = gi + p_i * c, gf + p_f * c
@@ -191,8 +192,10 @@ def recurrence(
     activation_beta: Sequence[float] | None,
     clip: float | None,
     layout: int,
+    inner_bias_gate: int | None = None,
 ) -> tuple:
-    """(Y, final states...) in the node's layout."""
+    """(Y, final states...) in the node's layout. `inner_bias_gate`: the gate block whose recurrence bias the
+    cell adds inside (not to the whole gate); every other block's joins the input projection."""
     if direction not in DIRECTIONS:
         raise NodeError(f"direction must be one of {sorted(DIRECTIONS)}, got {direction!r}")
     reversed_ = DIRECTIONS[direction]
@@ -217,11 +220,14 @@ def recurrence(
         projected = (ordered[0] @ jnp.swapaxes(W[0], 0, 1))[:, None]
     else:
         projected = jnp.einsum("dtbi,dgi->tdbg", jnp.stack(ordered), W)
-    projected = projected + Wb[None, :, None, :]  # [T, D, B, G]
+    inner = None if inner_bias_gate is None else slice(inner_bias_gate * hidden, (inner_bias_gate + 1) * hidden)
+    outer_Rb = Rb if inner is None else Rb.at[:, inner].set(0)
+    projected = projected + (Wb + outer_Rb)[None, :, None, :]  # [T, D, B, G]
 
     acts = activation_functions(kind, D, activations, activation_alpha, activation_beta)
     limit = (lambda x: x) if clip is None else (lambda x: jnp.clip(x, -clip, clip))
-    weights = Weights(jnp.swapaxes(jnp.asarray(R), 1, 2), jnp.asarray(R), Rb, P, limit)
+    weights = Weights(jnp.swapaxes(jnp.asarray(R), 1, 2), jnp.asarray(R), None if inner is None else Rb[:, inner],
+                      P, limit)
     mask = None if lengths is None else (jnp.arange(steps)[:, None] < lengths[None, :])[:, None, :, None]
 
     # One stacked input per gate (cells take x as a tuple of gate blocks): a step's slice of the whole
@@ -278,7 +284,7 @@ def gru(
     return recurrence(
         GRU_KIND, partial(gru_cell, linear_before_reset=linear_before_reset), X, W, R, B, sequence_lens,
         [initial_h], direction=direction, activations=activations, activation_alpha=activation_alpha,
-        activation_beta=activation_beta, clip=clip, layout=layout,
+        activation_beta=activation_beta, clip=clip, layout=layout, inner_bias_gate=2 if linear_before_reset else None,
     )
 
 
