@@ -1,7 +1,8 @@
 """The peers of one benchmark model: onnxtrain, hand-written JAX + optax, PyTorch eager and ONNX Runtime.
 
 Each peer is a pair of zero-argument callables (a train step, an inference) that return only once the work is
-done, so a wall-clock timer around one call measures that call. Every peer gets the same batch, already where it
+done, so a wall-clock timer around one call measures that call; `launch_train` starts a step without waiting for
+it, as a training loop that does not read each step's loss runs (`launched` times those). Every peer gets the same batch, already where it
 computes from (device arrays for JAX and onnxtrain, tensors for PyTorch, NumPy for ONNX Runtime), so no peer
 pays a host-to-device copy the others do not.
 
@@ -66,9 +67,24 @@ def torch_ready(value: Any) -> Any:
 
 @dataclass
 class Peer:
-    train: Call | None  # one optimizer step on the batch (None: the peer cannot train)
+    launch_train: Call | None  # starts one optimizer step on the batch, returns its result (None: cannot train)
     infer: Call  # logits of the batch
     state_bytes: int  # parameters + optimizer state held between train steps
+    ready: Callable[[Any], Any] = jax.block_until_ready  # a launched step's result, once computed
+
+    @property
+    def train(self) -> Call | None:
+        """One optimizer step, returning once it is done."""
+        launch, ready = self.launch_train, self.ready
+        return None if launch is None else lambda: ready(launch())
+
+    def launched(self, steps: int) -> Call:
+        """`steps` optimizer steps launched back to back, waiting only for the last."""
+        def run() -> Any:
+            for _ in range(steps - 1):
+                self.launch_train()
+            return self.ready(self.launch_train())
+        return run
 
 
 @dataclass(frozen=True)
@@ -96,7 +112,7 @@ def onnxtrain_peer(bench: Bench, data: Batch) -> Peer:
     inferer = onnxtrain.load(bench.model, matmul_precision=precision)
     with jax.enable_x64(True):  # the ONNX label dtype is int64; outside x64 mode JAX would make it int32
         x, y = jax.device_put(data.x), jax.device_put(data.y)
-    return Peer(train=lambda: jax.block_until_ready(trainer.train_step({"X": x, "target": y})),
+    return Peer(launch_train=lambda: trainer.train_step({"X": x, "target": y}),
                 infer=lambda: jax.block_until_ready(inferer.infer({"X": x})), state_bytes=nbytes(dict(trainer.state)))
 
 
@@ -125,11 +141,12 @@ def jax_peer(bench: Bench, data: Batch) -> Peer:
     state = {"params": params, "opt": optimizer.init(params)}
     x, y = jnp.asarray(data.x), jnp.asarray(data.y.astype(np.int32))
 
-    def train() -> jax.Array:
+    def launch() -> jax.Array:
         state["params"], state["opt"], loss = train_step(state["params"], state["opt"], x, y)
-        return jax.block_until_ready(loss)
+        return loss
 
-    return Peer(train=train, infer=lambda: jax.block_until_ready(infer(frozen, x)), state_bytes=nbytes(state))
+    return Peer(launch_train=launch, infer=lambda: jax.block_until_ready(infer(frozen, x)),
+                state_bytes=nbytes(state))
 
 
 def torch_peer(bench: Bench, data: Batch) -> Peer:
@@ -139,26 +156,26 @@ def torch_peer(bench: Bench, data: Batch) -> Peer:
     optimizer = torch.optim.Adam(trained.parameters(), lr=LR, betas=(BETA1, BETA2), eps=EPS)
     x, y = torch.from_numpy(data.x).to(TORCH_DEVICE), torch.from_numpy(data.y).to(TORCH_DEVICE)
 
-    def train() -> torch.Tensor:
+    def launch() -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
         loss = torch.nn.functional.cross_entropy(trained(x), y)
         loss.backward()
         optimizer.step()
-        return torch_ready(loss)
+        return loss
 
     def infer() -> torch.Tensor:
         with torch.no_grad():
             return torch_ready(frozen(x))
 
     state = sum(p.numel() * p.element_size() * 3 for p in trained.parameters())  # weights + Adam's two moments
-    return Peer(train=train, infer=infer, state_bytes=state)
+    return Peer(launch_train=launch, infer=infer, state_bytes=state, ready=torch_ready)
 
 
 def ort_peer(bench: Bench, data: Batch) -> Peer:
     """ONNX Runtime's InferenceSession on the inference model, ORT_PROVIDER, default session options."""
     session = onnxruntime.InferenceSession(bench.model.SerializeToString(), providers=[ORT_PROVIDER])
     feeds = {"X": data.x}
-    return Peer(train=None, infer=lambda: session.run(None, feeds), state_bytes=0)
+    return Peer(launch_train=None, infer=lambda: session.run(None, feeds), state_bytes=0)
 
 
 PEERS: dict[str, Callable[[Bench, Batch], Peer]] = {
