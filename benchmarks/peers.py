@@ -2,9 +2,9 @@
 
 Each peer is a pair of zero-argument callables (a train step, an inference) that return only once the work is
 done, so a wall-clock timer around one call measures that call; `launch_train` starts a step without waiting for
-it, as a training loop that does not read each step's loss runs (`launched` times those). Every peer gets the same batch, already where it
-computes from (device arrays for JAX and onnxtrain, tensors for PyTorch, NumPy for ONNX Runtime), so no peer
-pays a host-to-device copy the others do not.
+it, as a training loop that does not read each step's loss runs (`launched` times those). Every peer gets the
+same batch, already where it computes from (device arrays for JAX and onnxtrain, tensors for PyTorch, NumPy for
+ONNX Runtime), so no peer pays a host-to-device copy the others do not.
 
 Where JAX's default backend is a GPU, PyTorch runs on CUDA and ONNX Runtime on its CUDA provider when its build
 has one (the CPU provider otherwise: `ORT_PROVIDER` says which). Every peer multiplies float32 matrices at the
