@@ -1,7 +1,11 @@
 """The per-call path of infer/train_step: feed checks remembered per signature, one compile per signature, the
-matmul precision compiled in, static feeds still recompiled per value."""
+matmul precision compiled in, static feeds still recompiled per value, static values computed on the host."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -71,3 +75,24 @@ def test_a_static_feed_is_still_compiled_per_value_after_the_fast_path_warmed_up
     assert engine.infer({"x": x, "shape": np.array([3, 2])})["y"].shape == (3, 2)
     assert engine.infer({"x": x, "shape": np.array([2, 3])})["y"].shape == (2, 3)
     assert engine.trace_count == 2  # one per distinct shape value; the trace that found the static feed stopped
+
+
+STATIC_ON_HOST = """
+import jax, jax.numpy as jnp
+from onnxtrain.lower.values import host_device, static_evaluation
+with jax.default_device(jax.devices()[1]):
+    with static_evaluation():
+        static = jnp.arange(3) * 2
+    staged = jnp.arange(3) * 2
+print(host_device().platform, static.devices() == {host_device()}, staged.devices() == {jax.devices()[1]})
+"""
+
+
+def test_static_values_are_computed_on_the_host_whatever_the_default_device():
+    """Trace-time arithmetic compiles a small program per distinct computation: on the CPU that takes
+    milliseconds, on a GPU tens of them (two CPU devices stand in for a CPU and an accelerator here)."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run([sys.executable, "-c", STATIC_ON_HOST], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["cpu", "True", "True"]

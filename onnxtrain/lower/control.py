@@ -20,7 +20,7 @@ from jax import lax
 from ..errors import NodeError, StaticValueRequired
 from .graph import NodeContext, Subgraph
 from .registry import op, versions
-from .values import Value, is_static, is_text, static_ints, to_static
+from .values import Value, is_static, is_text, static_evaluation, static_ints, to_static
 
 
 class Unstructured(Exception):
@@ -36,7 +36,7 @@ def needs_static(ctx: NodeContext, index: int, what: str, reason: str) -> Static
 def folded(fn: Callable[..., Any], *args: Any) -> Any:
     """`fn(*args)`, kept static when every argument is static (inside jit, jnp would stage it otherwise)."""
     if is_static(*args):
-        with jax.ensure_compile_time_eval():
+        with static_evaluation():
             return to_static(fn(*args))
     return fn(*args)
 

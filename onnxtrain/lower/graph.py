@@ -15,7 +15,7 @@ from ..errors import NodeError, OnnxTrainError, StaticValueRequired
 from . import layout
 from .layout import channels_first
 from .registry import schema_for
-from .values import Value, is_static, to_static
+from .values import Value, is_static, static_evaluation, to_static
 
 if TYPE_CHECKING:
     from ..model import Graph, Node
@@ -172,7 +172,7 @@ def call_node(
         args.pop()
     if not is_static(*args):
         return layout.call(node.impl.fn, node.impl.layout, args, attrs)
-    with jax.ensure_compile_time_eval():
+    with static_evaluation():
         return to_static(layout.channels_first_results(node.impl.fn(*args, **attrs)))
 
 

@@ -1,14 +1,16 @@
 """The static/traced value rule (DESIGN.md): NumPy arrays are known at trace time, jax arrays are not.
 
 Implementations are written once, in jax.numpy. The graph walker runs a node whose inputs are all static under
-`jax.ensure_compile_time_eval()` and turns its results back into NumPy, so shape arithmetic
+`static_evaluation()` (eagerly, on the CPU) and turns its results back into NumPy, so shape arithmetic
 (Shape -> Gather -> Concat -> Reshape) folds away at trace time and never reaches XLA. An input XLA needs at
 compile time is read with `static(value, "input name")`, which raises a clear error when it is traced.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import jax
 import numpy as np
@@ -16,6 +18,24 @@ import numpy as np
 from ..errors import StaticValueRequired
 
 Value = Any  # np.ndarray | jax.Array | list (an ONNX sequence) | None (absent optional)
+
+
+@functools.cache
+def host_device() -> jax.Device | None:
+    """JAX's CPU device, None in a process without JAX's CPU backend (JAX_PLATFORMS naming only accelerators)."""
+    try:
+        return jax.devices("cpu")[0]
+    except RuntimeError:
+        return None
+
+
+@contextmanager
+def static_evaluation() -> Iterator[None]:
+    """jax.numpy computes eagerly, inside a trace too, and on the CPU: each distinct small computation is a
+    program compiled once per process, which takes milliseconds there and tens of them on a GPU (the compile
+    log of a first train step on an H100: ~55 ms apiece), and its result goes to NumPy anyway."""
+    with jax.ensure_compile_time_eval(), jax.default_device(host_device()):
+        yield
 
 
 def is_static(*values: Value) -> bool:
