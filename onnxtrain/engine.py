@@ -26,7 +26,7 @@ from .lower.target import targeting
 from .model import Graph, ModelSource, ValueInfo, build_graph, check_model, model_resolver, raise_if_missing
 from .model import read_model
 from .placement import Placement, host_array
-from .program import Program
+from .program import Program, gc_paused
 from .state.bindings import Algorithm, parse_training_info, state_owners
 from .state.store import assign, load_npz, save_npz
 
@@ -237,7 +237,7 @@ class Engine:
 
         def fn(params: Mapping[str, Any], feeds: Mapping[str, Any]) -> dict[str, Any]:
             with (jax.enable_x64(True), jax.default_matmul_precision(self.matmul_precision),
-                  targeting(self._placement.platform)):
+                  targeting(self._placement.platform), gc_paused()):
                 _, outputs = self._infer_body(params, {}, self._key, feeds, {})
             return outputs
 

@@ -3,6 +3,7 @@ matmul precision compiled in, static feeds still recompiled per value, static va
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from onnx import TensorProto, helper
 
 import onnxtrain
 from onnxtrain.errors import FeedError
+from onnxtrain.program import gc_paused
 
 
 def matmul_model() -> onnx.ModelProto:
@@ -96,3 +98,20 @@ def test_static_values_are_computed_on_the_host_whatever_the_default_device():
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["cpu", "True", "True"]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_tracing_pauses_the_garbage_collector_and_restores_it(enabled: bool):
+    """Collections during a trace scanned the whole heap (a third of the transformer's trace time); the user's
+    setting comes back afterwards, an exception included."""
+    (gc.enable if enabled else gc.disable)()
+    try:
+        seen = []
+        with pytest.raises(ZeroDivisionError), gc_paused():
+            seen.append(gc.isenabled())
+            1 / 0
+        assert seen == [False] and gc.isenabled() == enabled
+        onnxtrain.load(matmul_model()).infer({"a": np.ones((2, 3), np.float32), "b": np.ones((3, 2), np.float32)})
+        assert gc.isenabled() == enabled
+    finally:
+        gc.enable()
