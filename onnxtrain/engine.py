@@ -22,11 +22,10 @@ from .dtypes import is_float
 from .errors import StateError
 from .feeds import FeedChecker
 from .lower.graph import Runtime, Scope, run_graph, run_nodes
-from .lower.target import targeting
 from .model import Graph, ModelSource, ValueInfo, build_graph, check_model, model_resolver, raise_if_missing
 from .model import read_model
 from .placement import Placement, host_array
-from .program import Program, gc_paused
+from .program import Program, tracing
 from .state.bindings import Algorithm, parse_training_info, state_owners
 from .state.store import assign, load_npz, save_npz
 
@@ -236,8 +235,7 @@ class Engine:
         params = {**self._main_consts, **{n: v for n, v in self._state.items() if self.state_owner[n] is None}}
 
         def fn(params: Mapping[str, Any], feeds: Mapping[str, Any]) -> dict[str, Any]:
-            with (jax.enable_x64(True), jax.default_matmul_precision(self.matmul_precision),
-                  targeting(self._placement.platform), gc_paused()):
+            with jax.enable_x64(True), tracing(self.matmul_precision, self._placement.platform):
                 _, outputs = self._infer_body(params, {}, self._key, feeds, {})
             return outputs
 

@@ -77,6 +77,14 @@ def gc_paused() -> Iterator[None]:
         gc.enable()
 
 
+@contextmanager
+def tracing(matmul_precision: str, platform: str) -> Iterator[None]:
+    """Around a graph's trace: what the lowerings read while tracing (so it is set here, not around every call of
+    the compiled program), with the collector paused."""
+    with jax.default_matmul_precision(matmul_precision), targeting(platform), gc_paused():
+        yield
+
+
 class Program:
     """`body(*arrays, static_feeds) -> (state, outputs)`, compiled per static-feed values and input signature.
 
@@ -104,8 +112,7 @@ class Program:
         if fn is None:
 
             def traced(*arrays):
-                # the precision and platform are read while tracing, so they are set here, not around every call
-                with jax.default_matmul_precision(self.matmul_precision), targeting(self.platform), gc_paused():
+                with tracing(self.matmul_precision, self.platform):
                     state, outputs = self.body(*arrays, static)
                 self.trace_count += 1  # counted once complete: a trace that stops to specialise a feed is not one
                 host = {n: v for n, v in outputs.items() if host_only(v)}
