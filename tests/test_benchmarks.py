@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,3 +28,12 @@ def test_run_quick_prints_the_table():
     for measurement in measurements:
         assert f"| mlp | {measurement}" in out, out
     assert "dispatch overhead (µs" in out
+
+
+def test_kernels_lists_each_peers_kernels_per_step():
+    command = [sys.executable, str(ROOT / "benchmarks" / "kernels.py"), "--models", "mlp", "--steps", "3", "--top", "3"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for peer in ("onnxtrain", "jax"):
+        found = re.search(rf"^mlp {peer}: (\d+) kernels per step", done.stdout, re.M)
+        assert found and int(found.group(1)) >= 10, done.stdout  # three products and their gradients at least
