@@ -130,7 +130,8 @@ class Engine:
             }
             where = f"training_info[{algorithm.index}].update_binding"
             state = assign(state, algorithm.update_binding, {n: scope[n] for n in bound}, where)
-            return (self._placement.keep_layout(state), step + 1), outputs
+            # the count only seeds random streams: a step that draws none leaves it as it is (one kernel less)
+            return (self._placement.keep_layout(state), step + 1 if runtime.draws.any else step), outputs
 
         return Program(body, nodes, self._placement.platform, donate=(0,), matmul_precision=self.matmul_precision)
 

@@ -53,6 +53,13 @@ class Scope:
 
 
 @dataclass
+class Draws:
+    """Whether a trace drew random numbers: one per trace, shared by the Runtime copies subgraph bodies make."""
+
+    any: bool = False
+
+
+@dataclass
 class Runtime:
     """What every node of one trace shares: the random key and the model-local functions."""
 
@@ -60,6 +67,8 @@ class Runtime:
     functions: dict[tuple[str, str], onnx.FunctionProto] = field(default_factory=dict)
     training: bool = False  # True inside train_step: Dropout without a training_mode input drops
     step: Any = None  # the train step count (traced) inside train_step, else None
+    iterations: tuple = ()  # the (traced) iteration of each enclosing loop, outermost first
+    draws: Draws = field(default_factory=Draws)
 
 
 @dataclass
@@ -73,11 +82,16 @@ class NodeContext:
     position: int
 
     def rng(self, seed: float | None = None):
-        """A PRNG key for this node: its own `seed` attribute wins (advanced by the step count in a train step,
-        as a seeded generator advances between calls), else the run's key folded with the node."""
+        """A PRNG key for this node: its own `seed` attribute wins (advanced by the step count in a train step and
+        by the iteration of each enclosing loop, as a seeded generator advances between calls), else the run's
+        key folded with the node."""
+        self.runtime.draws.any = True
         if seed is not None:
             key = jax.random.key(int(seed))
-            return key if self.runtime.step is None else jax.random.fold_in(key, self.runtime.step)
+            steps = () if self.runtime.step is None else (self.runtime.step,)
+            for position in (*steps, *self.runtime.iterations):
+                key = jax.random.fold_in(key, position)
+            return key
         tag = zlib.crc32("\0".join(self.node.outputs).encode()) & 0x7FFFFFFF
         return jax.random.fold_in(self.runtime.key, tag)
 
@@ -98,7 +112,8 @@ class Subgraph:
         """Run the body; a loop passes its `iteration` so random ops draw fresh numbers on every iteration."""
         runtime = self.runtime
         if iteration is not None:
-            runtime = dataclasses.replace(runtime, key=jax.random.fold_in(runtime.key, iteration))
+            runtime = dataclasses.replace(runtime, key=jax.random.fold_in(runtime.key, iteration),
+                                          iterations=(*runtime.iterations, iteration))
         return run_graph(self.graph, list(args), runtime, outer=self.scope)
 
 

@@ -126,6 +126,33 @@ def dropout_training_model(opset: int) -> onnx.ModelProto:
     return training_model(graph, [helper.make_training_info(algorithm, [], None, None)], opset=opset)
 
 
+def loop_draw_training_model(seed: float | None) -> onnx.ModelProto:
+    """A deterministic inference graph, and an algorithm whose only random op sits in a Loop body."""
+    graph = helper.make_graph([helper.make_node("Identity", ["X"], ["Y"])], "main",
+                              [vi("X", onnx.TensorProto.FLOAT, [3])], [vi("Y", onnx.TensorProto.FLOAT, [3])])
+    draw = helper.make_node("RandomUniform", [], ["draw"], shape=[3], **({} if seed is None else {"seed": seed}))
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), draw], "body",
+        [vi("i", onnx.TensorProto.INT64, []), vi("cond_in", onnx.TensorProto.BOOL, [])],
+        [vi("cond_out", onnx.TensorProto.BOOL, []), vi("draw", onnx.TensorProto.FLOAT, [3])],
+    )
+    algorithm = helper.make_graph(
+        [helper.make_node("Constant", [], ["two"], value=helper.make_tensor("two", onnx.TensorProto.INT64, [], [2])),
+         helper.make_node("Loop", ["two", ""], ["draws"], body=body)],
+        "draw", [], [vi("draws", onnx.TensorProto.FLOAT, None)],
+    )
+    return training_model(graph, [helper.make_training_info(algorithm, [], None, None)], opset=17)
+
+
+@pytest.mark.parametrize("seed", [None, 5.0])
+def test_a_draw_nested_in_a_subgraph_is_fresh_every_train_step(seed):
+    """The step count seeds the random streams of a train step, and only a step that draws advances it: a draw
+    inside a Loop body (or from a seeded node, which the count advances as a generator would) must count."""
+    engine = onnxtrain.load(loop_draw_training_model(seed), check=False)
+    steps = [np.asarray(engine.train_step({"X": np.zeros(3, np.float32)})["draws"]) for _ in range(3)]
+    assert len({row.tobytes() for draws in steps for row in draws}) == 6  # 3 steps x 2 iterations, all different
+
+
 @pytest.mark.parametrize("opset", [10, 13])
 def test_train_step_drops_and_infer_does_not(opset):
     engine = onnxtrain.load(dropout_training_model(opset), check=False)
