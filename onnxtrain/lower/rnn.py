@@ -22,6 +22,7 @@ from jax import lax
 
 from ..errors import NodeError
 from .registry import op, versions
+from .target import target_platform
 from .values import Value, is_static
 
 Array = jax.Array
@@ -230,21 +231,23 @@ def recurrence(
                       P, limit)
     mask = None if lengths is None else (jnp.arange(steps)[:, None] < lengths[None, :])[:, None, :, None]
 
-    # One stacked input per gate (cells take x as a tuple of gate blocks): a step's slice of the whole
+    # On the CPU one stacked input per gate (cells take x as a tuple of gate blocks): a step's slice of the whole
     # [T, D, B, gates*H] projection, split into gates inside the cell, fused into the cell's elementwise kernel
     # as index arithmetic that XLA-CPU runs ~4x slower (inference over 32 steps: LSTM 5.4 -> 2.9 ms, GRU with
-    # linear_before_reset 6.0 -> 2.5 ms).
-    gate_inputs = tuple(jnp.split(projected, kind.gates, axis=-1))
+    # linear_before_reset 6.0 -> 2.5 ms). Elsewhere the one projection, split in the step as a JAX user writes
+    # it: per-gate inputs cost every step a slice per gate, and its gradient a store per gate, each a kernel.
+    per_gate = target_platform() == "cpu"
+    scanned = tuple(jnp.split(projected, kind.gates, axis=-1)) if per_gate else projected
 
     def step(carry: tuple, xs: tuple) -> tuple:
         x, active = xs
-        new = cell(x, carry, weights, acts)
+        new = cell(x if per_gate else tuple(jnp.split(x, kind.gates, axis=-1)), carry, weights, acts)
         if active is None:
             return new, new[0]
         kept = tuple(jnp.where(active, n, c) for n, c in zip(new, carry))
         return kept, jnp.where(active, new[0], jnp.zeros((), dtype))
 
-    final, Y = lax.scan(step, states, (gate_inputs, mask))  # Y: [T, D, B, H]
+    final, Y = lax.scan(step, states, (scanned, mask))  # Y: [T, D, B, H]
     Y = jnp.stack([reverse_within(Y[:, d], lengths) if rev else Y[:, d] for d, rev in enumerate(reversed_)], 1)
     if layout:
         return (jnp.transpose(Y, (2, 0, 1, 3)), *[jnp.swapaxes(s, 0, 1) for s in final])

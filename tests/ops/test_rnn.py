@@ -11,7 +11,9 @@ from onnx.reference import ReferenceEvaluator
 
 from onnxtrain.dtypes import onnx_type
 from onnxtrain.lower.graph import Runtime, run_graph
+from onnxtrain.lower.target import targeting
 from onnxtrain.model import build_graph, model_resolver
+from onnxtrain.placement import Placement
 from nodes import run_outputs as run
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
@@ -158,7 +160,9 @@ def onnx_attrs(attrs):
 @pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
 @pytest.mark.parametrize(("direction", "layout"), [("forward", 0), ("reverse", 1), ("bidirectional", 0),
                                                    ("bidirectional", 1)])
-def test_directions_layouts_sequence_lens_and_initial_states(op, direction, layout):
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])  # one scanned input per gate, or one split in the step
+def test_directions_layouts_sequence_lens_and_initial_states(op, direction, layout, platform, monkeypatch):
+    monkeypatch.setattr(Placement, "platform", property(lambda self: platform))
     D = 2 if direction == "bidirectional" else 1
     feeds = problem(op, D, layout=layout, lens=True, initial=True, peepholes=op == "LSTM")
     attrs = {"direction": direction, "layout": layout}
@@ -252,7 +256,8 @@ def traced_outputs(model, feeds):
     ("RNN", {}, False), ("GRU", {}, False), ("GRU", {"linear_before_reset": 1}, False), ("LSTM", {}, True),
     ("LSTM", {"input_forget": 1}, False),
 ])
-def test_gradient_matches_finite_differences(op, attrs, peepholes):
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_gradient_matches_finite_differences(op, attrs, peepholes, platform):
     """Every differentiable input of a bidirectional layer with sequence lengths and initial states."""
     feeds = problem(op, 2, T=3, batch=2, H=2, lens=True, initial=True, peepholes=peepholes, dtype=np.float64,
                     seed=3)
@@ -265,7 +270,7 @@ def test_gradient_matches_finite_differences(op, attrs, peepholes):
         outputs = outputs_of(**dict(zip(wrt, values)))
         return jnp.sum(outputs[0] * weights) + sum(jnp.sum(o) for o in outputs[1:])
 
-    with jax.enable_x64(True):
+    with jax.enable_x64(True), targeting(platform):
         grads = jax.jit(jax.grad(loss, argnums=tuple(range(len(wrt)))))(*[feeds[n] for n in wrt])
         jaxpr = jax.make_jaxpr(loss)(*[feeds[n] for n in wrt])
     assert "scan" in str(jaxpr)
