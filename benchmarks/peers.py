@@ -71,6 +71,7 @@ class Peer:
     infer: Call  # logits of the batch
     state_bytes: int  # parameters + optimizer state held between train steps
     ready: Callable[[Any], Any] = jax.block_until_ready  # a launched step's result, once computed
+    lower_train: Callable[[], jax.stages.Lowered] | None = None  # the XLA program of a train step (jitted peers)
 
     @property
     def train(self) -> Call | None:
@@ -113,7 +114,8 @@ def onnxtrain_peer(bench: Bench, data: Batch) -> Peer:
     with jax.enable_x64(True):  # the ONNX label dtype is int64; outside x64 mode JAX would make it int32
         x, y = jax.device_put(data.x), jax.device_put(data.y)
     return Peer(launch_train=lambda: trainer.train_step({"X": x, "target": y}),
-                infer=lambda: jax.block_until_ready(inferer.infer({"X": x})), state_bytes=nbytes(dict(trainer.state)))
+                infer=lambda: jax.block_until_ready(inferer.infer({"X": x})), state_bytes=nbytes(dict(trainer.state)),
+                lower_train=lambda: trainer.lower({"X": x, "target": y}, algorithm=0))
 
 
 def jax_peer(bench: Bench, data: Batch) -> Peer:
@@ -146,7 +148,7 @@ def jax_peer(bench: Bench, data: Batch) -> Peer:
         return loss
 
     return Peer(launch_train=launch, infer=lambda: jax.block_until_ready(infer(frozen, x)),
-                state_bytes=nbytes(state))
+                state_bytes=nbytes(state), lower_train=lambda: train_step.lower(state["params"], state["opt"], x, y))
 
 
 def torch_peer(bench: Bench, data: Batch) -> Peer:

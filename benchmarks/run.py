@@ -112,11 +112,14 @@ def model_rows(name: str, plan: Plan) -> list[Row]:
     first = {(kind, peer): fresh[peer][f"first_{kind}"] for peer in fresh for kind in ("train", "infer")}
     if ort:
         median["train", "ort_training"], first["train", "ort_training"] = ort["median"], ort["first"]
+    temporaries = {peer: p.lower_train().compile().memory_analysis().temp_size_in_bytes / 2**20
+                   for peer, p in peers.items() if p.lower_train is not None}
     rows = []
     for kind, label in (("train", "train step (ms)"), ("infer", "infer (ms)")):
         rows.append(Row(name, label, {p: median[(k, p)] * 1e3 for k, p in median if k == kind}))
     for kind, label in (("train", "first call, train step (s)"), ("infer", "first call, infer (s)")):
         rows.append(Row(name, label, {p: first[(k, p)] for k, p in first if k == kind}))
+    rows.append(Row(name, "train step temporaries (MB, XLA's buffer plan)", temporaries))
     if not ON_GPU:  # the state and a step's temporaries live in GPU memory there, which the RSS does not see
         state_mb = fresh["jax"]["state"] / 2**20
         rows.append(Row(name, f"train peak RSS increase (MB; state {fmt(state_mb)} MB)",

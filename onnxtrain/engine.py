@@ -204,15 +204,24 @@ class Engine:
         Returns the outputs of both graphs as device arrays (no host sync), except those that update_binding
         assigns to state: read those from `state`."""
         checked = self._placement.feeds(self.check_feeds(feeds, algorithm), self._declared)
+        (self._state, self._step), outputs = self._train[algorithm](*self._train_arguments(algorithm), feeds=checked)
+        self.step_count += 1
+        return outputs
+
+    def lower(self, feeds: Mapping[str, Any], algorithm: int | None = None) -> jax.stages.Lowered:
+        """The XLA program that `infer(feeds)` (algorithm None) or `train_step(feeds, algorithm)` runs, lowered
+        without running it: `.as_text()` is its StableHLO, and `.compile()` gives `memory_analysis()` (the bytes
+        of its arguments, outputs and temporaries on the device) and `cost_analysis()`."""
+        checked = self._placement.feeds(self.check_feeds(feeds, algorithm), self._declared)
+        if algorithm is None:
+            return self._infer.lower(self._state, self._main_consts, self._key, feeds=checked)
+        return self._train[algorithm].lower(*self._train_arguments(algorithm), feeds=checked)
+
+    def _train_arguments(self, algorithm: int) -> tuple:
         if self._step is None:  # the step count lives on the device between steps: no host transfer per step
             with jax.enable_x64(True):
                 self._step = self._placement.put({"step": np.uint32(self.step_count)})["step"]
-        (self._state, self._step), outputs = self._train[algorithm](
-            (self._state, self._step), self._main_consts, self._algorithm_consts[algorithm], self._key,
-            feeds=checked,
-        )
-        self.step_count += 1
-        return outputs
+        return (self._state, self._step), self._main_consts, self._algorithm_consts[algorithm], self._key
 
     def reset(self) -> None:
         """Every state variable back to its initializer value (the spec's pre-initialized state)."""

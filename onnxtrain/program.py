@@ -124,6 +124,17 @@ class Program:
 
     def __call__(self, *arrays: Any, feeds: dict[str, Any]) -> Any:
         """`arrays` are positional pytrees; `feeds` is a dict of arrays split here into static and traced."""
+        (state, outputs), key = self._specialised(lambda fn, traced: fn(*arrays, traced), feeds)
+        host = self.host_outputs.get(key)
+        return state, {**outputs, **host} if host else outputs
+
+    def lower(self, *arrays: Any, feeds: dict[str, Any]) -> jax.stages.Lowered:
+        """What a call with these arguments runs, lowered and not run (donated buffers stay valid)."""
+        return self._specialised(lambda fn, traced: fn.lower(*arrays, traced), feeds)[0]
+
+    def _specialised(self, use: Callable[[Callable, dict], Any], feeds: dict[str, Any]) -> tuple[Any, tuple]:
+        """`use(jitted, traced feeds)` and the cache key, the jitted program specialised to the values of the
+        feeds that must be static (found, with a warning, by the first trace that needs them)."""
         while True:
             static = {n: as_static(v) for n, v in feeds.items() if n in self.static_feeds or host_only(v)}
             # the common case costs no copy: nothing static (this runs on every call)
@@ -131,9 +142,7 @@ class Program:
             try:
                 with jax.enable_x64(True):
                     fn, key = self._compiled(static)
-                    state, outputs = fn(*arrays, traced)
-                host = self.host_outputs.get(key)
-                return state, {**outputs, **host} if host else outputs
+                    return use(fn, traced), key
             except StaticValueRequired as exc:
                 culprits = self.culprits(exc, traced)
                 if not culprits:

@@ -219,3 +219,19 @@ def test_init_random_is_deterministic_per_seed_and_node_seed_wins():
     a = np.array(seeded.state["W"])
     seeded.init(seed=2)
     np.testing.assert_array_equal(np.asarray(seeded.state["W"]), a)
+
+
+def test_lower_gives_the_program_a_step_runs_without_running_it():
+    """Engine.lower: the compiled train step holds every state variable (and the engine's uint32 step count) as
+    a donated argument aliased to its output, so a step updates the state in place; lowering changes nothing."""
+    from training_models import mlp_adam
+
+    engine = onnxtrain.load(mlp_adam(mlp_params(), lr=0.01))
+    feeds = {"X": np.ones((3, 4), np.float32), "Target": np.zeros((3, 2), np.float32)}
+    before = {name: np.asarray(value) for name, value in engine.state.items()}
+    stats = engine.lower(feeds, algorithm=0).compile().memory_analysis()
+    assert stats.alias_size_in_bytes == sum(v.nbytes for v in before.values()) + 4
+    assert "dot_general" in engine.lower({"X": feeds["X"]}).as_text()
+    assert engine.step_count == 0
+    for name, value in engine.state.items():
+        np.testing.assert_array_equal(np.asarray(value), before[name])
