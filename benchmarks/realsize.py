@@ -1,0 +1,235 @@
+"""Real-size models: onnxtrain against PyTorch eager on BERT-base, GPT-2, T5-small, ResNet-18, MobileNetV3-small.
+
+    python benchmarks/realsize.py [--models bert-base,gpt2,...] [--batch 2] [--steps 10] [--exporter dynamo]
+                                  [--quick] [--write]
+
+Each model (benchmarks/realsize_models.py, random weights) is exported once by `torch.onnx.export` (`--exporter
+dynamo`, PyTorch's default, or `torchscript`) into benchmarks/.realsize/ and reused by later runs. onnxtrain
+trains it with `make_trainable(loss="cross_entropy", optimizer="sgd", trainable=<the module's parameter names>)`,
+PyTorch with `cross_entropy`, `backward` and `torch.optim.SGD` on the same module. The train step and inference
+are timed in this process in rounds alternating between the two; the first train step (cold, and with a warm
+persistent compilation cache) and the peak resident memory in a fresh process per peer. `--write` puts the table
+into benchmarks/README.md between its realsize markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from realsize_models import CASES, build  # noqa: E402
+
+HERE = Path(__file__).parent
+EXPORTS = HERE / ".realsize"
+README = HERE / "README.md"
+BEGIN, END = "<!-- realsize:begin -->", "<!-- realsize:end -->"
+LR = 1e-3
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}  # RSS follows what is live
+
+
+def exported(name: str, exporter: str) -> Path:
+    """The ONNX export of case `name`, made once per torch version and exporter (weights in a .data file beside
+    it when the dynamo exporter writes them so)."""
+    path = EXPORTS / f"{name}-{exporter}-torch{torch.__version__}.onnx"
+    if not path.exists():
+        EXPORTS.mkdir(exist_ok=True)
+        case, module = CASES[name], build(name)
+        args = tuple(torch.from_numpy(v) for v in case.inputs(2, np.random.default_rng(0)).values())
+        names = list(case.inputs(2, np.random.default_rng(0)))
+        start = time.perf_counter()
+        staged = path.with_suffix(".partial.onnx")
+        torch.onnx.export(module, args, str(staged), input_names=names, dynamo=exporter == "dynamo")
+        staged.rename(path)
+        print(f"# exported {name} with the {exporter} exporter in {time.perf_counter() - start:.0f} s", flush=True)
+    return path
+
+
+def feeds(name: str, batch: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    case = CASES[name]
+    rng = np.random.default_rng(1)
+    inputs = case.inputs(batch, rng)
+    return inputs, rng.integers(0, case.classes, batch).astype(np.int64)
+
+
+def onnxtrain_peer(name: str, exporter: str, batch: int) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(train step, infer) of onnxtrain on the export; trains exactly the module's named parameters where the
+    export kept their names (the dynamo exporter does), else make_trainable's default set."""
+    import jax
+    import onnx
+
+    import onnxtrain
+
+    model = onnx.load(exported(name, exporter))
+    initializers = {t.name for t in model.graph.initializer}
+    parameters = [n for n, _ in build(name).named_parameters()]
+    trainable = [n for n in parameters if n in initializers]
+    if len(trainable) < len(parameters):
+        print(f"# {name}: {len(parameters) - len(trainable)} of {len(parameters)} parameters renamed by the "
+              f"{exporter} exporter; onnxtrain trains make_trainable's default set", flush=True)
+        trainable = None
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="cross_entropy", optimizer="sgd",
+                                                     learning_rate=LR, trainable=trainable))
+    inputs, labels = feeds(name, batch)
+    with jax.enable_x64(True):  # int64 token ids and labels stay int64 on the device
+        device = {k: jax.device_put(v) for k, v in {**inputs, "target": labels}.items()}
+    infer_feeds = {k: device[k] for k in inputs}
+    return (lambda: jax.block_until_ready(engine.train_step(device)),
+            lambda: jax.block_until_ready(engine.infer(infer_feeds)))
+
+
+def torch_peer(name: str, batch: int) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    module = build(name)
+    optimizer = torch.optim.SGD(module.parameters(), lr=LR)
+    inputs, labels = feeds(name, batch)
+    args, target = [torch.from_numpy(v) for v in inputs.values()], torch.from_numpy(labels)
+
+    def train() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(module(*args), target)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    def infer() -> torch.Tensor:
+        with torch.no_grad():
+            return module(*args)
+
+    return train, infer
+
+
+def peer(name: str, which: str, exporter: str, batch: int) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    return onnxtrain_peer(name, exporter, batch) if which == "onnxtrain" else torch_peer(name, batch)
+
+
+def rss_kib(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def child(spec: str, exporter: str, batch: int, steps: int) -> None:
+    """Prints {"first": s, "peak": bytes, "settled": bytes}: one peer's first train step (trace, compile and run
+    for onnxtrain; the first eager step for PyTorch), its process's peak RSS over building the model and `steps`
+    train steps, and the RSS after them."""
+    name, which = spec.split(":")
+    train, _ = peer(name, which, exporter, batch)
+    start = time.perf_counter()
+    train()
+    first = time.perf_counter() - start
+    for _ in range(steps):
+        train()
+    print(json.dumps({"first": first, "peak": rss_kib("VmHWM") * 1024, "settled": rss_kib("VmRSS") * 1024}))
+
+
+def fresh(name: str, which: str, exporter: str, batch: int, steps: int, cache: str) -> dict[str, float]:
+    """`child` in a new process; `cache` is ONNXTRAIN_CACHE_DIR ("" disables the persistent cache)."""
+    command = [sys.executable, __file__, "--child", f"{name}:{which}", "--exporter", exporter, "--batch", str(batch),
+               "--steps", str(steps)]
+    env = {**os.environ, **MALLOC_ENV, "ONNXTRAIN_CACHE_DIR": cache}
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise RuntimeError(f"fresh child {name}:{which} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def median_times(calls: dict[str, Callable[[], Any]], steps: int, rounds: int) -> dict[str, float]:
+    """Median seconds per call, in rounds alternating between the callables (drift hits all alike)."""
+    times: dict[str, list[float]] = {k: [] for k in calls}
+    for _ in range(rounds):
+        for key, call in calls.items():
+            time.sleep(0.05)  # PyTorch's OpenMP workers spin after their last call and would slow the next peer
+            call()  # untimed: the first call after another peer's turn runs on cold caches
+            for _ in range(max(1, steps // rounds)):
+                start = time.perf_counter()
+                call()
+                times[key].append(time.perf_counter() - start)
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int) -> list[tuple[str, str, float, float]]:
+    exported(name, exporter)
+    train_ot, infer_ot = onnxtrain_peer(name, exporter, batch)
+    train_pt, infer_pt = torch_peer(name, batch)
+    for call in (train_ot, infer_ot, train_pt, infer_pt):
+        call()  # compiles onnxtrain's programs; PyTorch's first eager calls
+    median = median_times({"train onnxtrain": train_ot, "train torch": train_pt, "infer onnxtrain": infer_ot,
+                           "infer torch": infer_pt}, steps, rounds)
+    del train_ot, infer_ot, train_pt, infer_pt
+    memory_steps = 3
+    with tempfile.TemporaryDirectory() as cache:
+        cold = fresh(name, "onnxtrain", exporter, batch, memory_steps, "")
+        fresh(name, "onnxtrain", exporter, batch, 0, cache)  # fills the persistent cache
+        warm = fresh(name, "onnxtrain", exporter, batch, 0, cache)
+    torch_child = fresh(name, "torch", exporter, batch, memory_steps, "")
+    mb = 2**20
+    return [
+        (name, "train step (ms)", median["train onnxtrain"] * 1e3, median["train torch"] * 1e3),
+        (name, "infer (ms)", median["infer onnxtrain"] * 1e3, median["infer torch"] * 1e3),
+        (name, "first train step, cold (s)", cold["first"], torch_child["first"]),
+        (name, "first train step, warm cache (s)", warm["first"], torch_child["first"]),
+        (name, "peak RSS (MB)", cold["peak"] / mb, torch_child["peak"] / mb),
+    ]
+
+
+def table(rows: list[tuple[str, str, float, float]]) -> str:
+    lines = ["| model | measurement | onnxtrain | PyTorch | ÷ PyTorch |", "|---|---|---:|---:|---:|"]
+    lines += [f"| {m} | {what} | {ours:.4g} | {theirs:.4g} | {ours / theirs:.2f} |" for m, what, ours, theirs in rows]
+    return "\n".join(lines)
+
+
+def write_readme(text: str) -> None:
+    current = README.read_text()
+    block = f"{BEGIN}\n{text}\n{END}"
+    if BEGIN in current:
+        head, rest = current.split(BEGIN, 1)
+        README.write_text(head + block + rest.split(END, 1)[1])
+    else:
+        README.write_text(current.rstrip() + "\n\n" + block + "\n")
+
+
+def main(argv: list[str]) -> None:
+    args = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    args.add_argument("--models", default=",".join(CASES))
+    args.add_argument("--batch", type=int, default=2)
+    args.add_argument("--steps", type=int, help="timed calls per peer and measurement (default 10, --quick 2)")
+    args.add_argument("--exporter", choices=("dynamo", "torchscript"), default="dynamo")
+    args.add_argument("--quick", action="store_true", help="a smoke run: few steps, numbers not meaningful")
+    args.add_argument("--write", action="store_true", help="update the realsize table in benchmarks/README.md")
+    args.add_argument("--child", help=argparse.SUPPRESS)  # MODEL:PEER, run by `fresh`
+    opts = args.parse_args(argv)
+    if opts.child:
+        child(opts.child, opts.exporter, opts.batch, opts.steps)
+        return
+    unknown = set(opts.models.split(",")) - set(CASES)
+    if unknown:
+        args.error(f"unknown model(s) {sorted(unknown)}; choose from {','.join(CASES)}")
+    load = os.getloadavg()
+    steps = opts.steps or (2 if opts.quick else 10)
+    rounds = 1 if opts.quick else 5
+    rows = []
+    for name in opts.models.split(","):
+        print(f"# measuring {name} ...", flush=True)
+        rows += model_rows(name, opts.exporter, opts.batch, steps, rounds)
+    text = (f"Measured {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, torch {torch.__version__}, "
+            f"{opts.exporter} export, batch {opts.batch}, median of {steps} calls per peer in {rounds} alternating "
+            f"rounds; load average at start {', '.join(f'{v:.2f}' for v in load)}.\n\n"
+            f"Command: `python benchmarks/realsize.py{''.join(' ' + a for a in argv)}`\n\n{table(rows)}")
+    print(text)
+    if opts.write:
+        write_readme(text)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
