@@ -39,20 +39,20 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"} 
 
 
 def exported(name: str, exporter: str) -> Path:
-    """The ONNX export of case `name`, made once per torch version and exporter (weights in a .data file beside
-    it when the dynamo exporter writes them so)."""
-    path = EXPORTS / f"{name}-{exporter}-torch{torch.__version__}.onnx"
-    if not path.exists():
-        EXPORTS.mkdir(exist_ok=True)
+    """The ONNX export of case `name`, made once per torch version and exporter into a folder of its own (the
+    dynamo exporter writes large weights to a .data file beside the model)."""
+    folder = EXPORTS / f"{name}-{exporter}-torch{torch.__version__}"
+    if not folder.exists():
         case, module = CASES[name], build(name)
-        args = tuple(torch.from_numpy(v) for v in case.inputs(2, np.random.default_rng(0)).values())
-        names = list(case.inputs(2, np.random.default_rng(0)))
+        example = case.inputs(2, np.random.default_rng(0))
+        EXPORTS.mkdir(exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=EXPORTS))
         start = time.perf_counter()
-        staged = path.with_suffix(".partial.onnx")
-        torch.onnx.export(module, args, str(staged), input_names=names, dynamo=exporter == "dynamo")
-        staged.rename(path)
+        torch.onnx.export(module, tuple(torch.from_numpy(v) for v in example.values()), str(staging / "model.onnx"),
+                          input_names=list(example), dynamo=exporter == "dynamo")
+        staging.rename(folder)  # a killed export leaves only a hidden staging folder, never a half model
         print(f"# exported {name} with the {exporter} exporter in {time.perf_counter() - start:.0f} s", flush=True)
-    return path
+    return folder / "model.onnx"
 
 
 def feeds(name: str, batch: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
