@@ -218,7 +218,8 @@ class Engine:
     def check_algorithm(self, algorithm: int) -> None:
         """StateError unless `algorithm` indexes one of the model's TrainingInfoProtos."""
         if not self.algorithms:
-            raise StateError("the model carries no TrainingInfoProto, so it has no train step (make-trainable adds one)")
+            raise StateError("the model carries no TrainingInfoProto, so it has no train step "
+                             "(make-trainable adds one)")
         if not 0 <= algorithm < len(self.algorithms):
             raise StateError(
                 f"algorithm {algorithm} does not exist: the model has {len(self.algorithms)} TrainingInfoProto(s)"
@@ -272,9 +273,9 @@ class Engine:
         without running it: `.as_text()` is its StableHLO, and `.compile()` gives `memory_analysis()` (the bytes
         of its arguments, outputs and temporaries on the device) and `cost_analysis()`."""
         checked = self._placement.feeds(self.check_feeds(feeds, algorithm), self._declared)
-        if algorithm is None:
-            return self._infer.lower(self._state, self._main_consts, self._key, feeds=checked)
         with self.lock:
+            if algorithm is None:
+                return self._infer.lower(self._state, self._main_consts, self._key, feeds=checked)
             return self._train[algorithm].lower(*self._train_arguments(algorithm), feeds=checked)
 
     def _train_arguments(self, algorithm: int) -> tuple:

@@ -67,7 +67,8 @@ def nonfinite_state(engine: Engine) -> list[str]:
     import jax.numpy as jnp
 
     with jax.enable_x64(True):  # a double stays a double
-        return [n for n, v in engine.state.items() if jnp.issubdtype(v.dtype, jnp.inexact) and not jnp.isfinite(v).all()]
+        return [n for n, v in engine.state.items()
+                if jnp.issubdtype(v.dtype, jnp.inexact) and not jnp.isfinite(v).all()]
 
 
 def check_finite(engine: Engine, step: int, losses: Mapping[str, float], state: bool = False) -> None:
