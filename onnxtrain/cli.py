@@ -1,14 +1,28 @@
-"""The `onnxtrain` command: info, infer, train. A user mistake is one clear line and exit status 2."""
+"""The `onnxtrain` command: info, infer, train. A user mistake is one clear line and exit status 2; a run that
+fails (diverges, or a step fails on the device) is one clear line and exit status 1. Never a traceback."""
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
-from .errors import OnnxTrainError
+from .errors import DivergenceError, OnnxTrainError, StepError
+
+# what reading a user's .npy/.npz can raise: missing or unreadable, not NumPy's format, a damaged zip
+UNREADABLE = (OSError, ValueError, EOFError, zipfile.BadZipFile)
+
+
+def read_npz(option: str, path: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except UNREADABLE as exc:
+        raise OnnxTrainError(f"{option}: cannot read {path!r} ({exc})") from exc
 
 
 def cmd_info(args: argparse.Namespace) -> None:
@@ -50,7 +64,7 @@ def parse_inputs(items: list[str]) -> dict[str, np.ndarray]:
             raise OnnxTrainError(f"--input {item!r}: expected NAME=FILE.npy")
         try:
             feeds[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
+        except UNREADABLE as exc:
             raise OnnxTrainError(f"--input {name}: cannot read {path!r} ({exc})") from exc
     return feeds
 
@@ -73,6 +87,8 @@ def devices(count: int | None) -> list | None:
 def cmd_infer(args: argparse.Namespace) -> None:
     from .engine import load
 
+    if args.output_dir and not Path(args.output_dir).is_dir():
+        raise OnnxTrainError(f"--output-dir {args.output_dir!r} is not an existing folder")
     engine = load(args.model, devices=devices(args.devices))
     outputs = engine.infer(parse_inputs(args.input))
     for name, value in outputs.items():
@@ -92,11 +108,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     if engine.batch_sharding is not None:
         split = any(not v.sharding.is_fully_replicated for v in engine.state.values())
         print(f"data parallel over {args.devices} devices; state {'split' if split else 'replicated'}")
-    try:
-        with np.load(args.data, allow_pickle=False) as data:
-            arrays = {name: data[name] for name in data.files}
-    except (OSError, ValueError) as exc:
-        raise OnnxTrainError(f"--data: cannot read {args.data!r} ({exc})") from exc
+    arrays = read_npz("--data", args.data)
     if not args.no_init:
         engine.init()
     history = fit(engine, array_batches(arrays, args.batch_size, seed=args.seed), args.steps,
@@ -115,6 +127,11 @@ def cmd_make_trainable(args: argparse.Namespace) -> None:
     from .export import save_atomic
     from .model import read_model
 
+    if args.trainable is not None:
+        try:
+            re.compile(args.trainable)
+        except re.error as exc:
+            raise OnnxTrainError(f"--trainable {args.trainable!r} is not a regular expression ({exc})") from exc
     model, _ = read_model(args.model)
     given = (("alpha", args.alpha), ("beta", args.beta), ("epsilon", args.epsilon))
     options = {k: v for k, v in given if v is not None}
@@ -129,7 +146,10 @@ def cmd_export(args: argparse.Namespace) -> None:
 
     engine = load(args.model)
     if args.state:
-        engine.load_state(args.state)
+        try:
+            engine.load_state(args.state)
+        except UNREADABLE as exc:
+            raise OnnxTrainError(f"--state: cannot read {args.state!r} ({exc})") from exc
     engine.export(args.output, external_data=args.external_data or None)
     print(f"wrote {args.output}")
 
@@ -189,10 +209,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         args.run(args)
-    except OnnxTrainError as exc:
-        print(f"onnxtrain: error: {exc}", file=sys.stderr)
-        return 2
+    except (DivergenceError, StepError) as exc:
+        return fail(exc, 1)
+    except (OnnxTrainError, OSError) as exc:  # OSError: a path the user gave (a folder to write in, a file)
+        return fail(exc, 2)
     return 0
+
+
+def fail(exc: Exception, status: int) -> int:
+    print(f"onnxtrain: error: {exc}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

@@ -5,22 +5,27 @@
     infer(state, feeds)                -> outputs
 
 are each one jitted function (per input signature); this class only holds `state` and calls them.
+
+An engine may be shared between threads: `lock` serialises every call that reads or replaces the state buffers,
+so a step never donates buffers another call is using.
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import onnx
 
 from .cache import enable_compilation_cache
 from .dtypes import is_float
-from .errors import StateError
-from .feeds import FeedChecker
+from .errors import ModelLoadError, StateError, StepError
+from .feeds import FeedChecker, array_signature
 from .lower.graph import Runtime, Scope, run_graph, run_nodes
 from .model import Graph, ModelSource, ValueInfo, build_graph, check_model, model_resolver, raise_if_missing
 from .model import read_model
@@ -30,6 +35,17 @@ from .state.bindings import Algorithm, parse_training_info, state_owners
 from .state.store import assign, load_npz, save_npz
 
 STEP_METADATA_KEY = "onnxtrain.step"
+
+
+def saved_step_count(model: onnx.ModelProto) -> int:
+    """The step count an exported model records (0 if none): a non-negative integer, or ModelLoadError."""
+    text = {p.key: p.value for p in model.metadata_props}.get(STEP_METADATA_KEY, "0")
+    if not text.strip().isdigit():
+        raise ModelLoadError(
+            f"metadata_props[{STEP_METADATA_KEY!r}] = {text!r}: expected the number of train steps taken, "
+            f"a non-negative integer"
+        )
+    return int(text)
 
 
 def split_initializers(graph: Graph, state: set[str]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -69,8 +85,16 @@ class Engine:
         raise_if_missing(resolver)
         self.functions = resolver.functions
         self.seed = seed
-        self.step_count = int(dict((p.key, p.value) for p in model.metadata_props).get(STEP_METADATA_KEY, 0))
-        self._step: jax.Array | None = None  # device copy of step_count, made on the first train step
+        self.step_count = saved_step_count(model)
+        # The device copy of step_count that seeds random streams, made on the first train step. A step that
+        # draws no random numbers does not advance it (one kernel less); it is then behind (`_step_behind`) and
+        # put again before the next step that draws, so a step's stream depends on step_count alone, which is
+        # what a checkpoint saves: resuming draws what an uninterrupted run draws.
+        self._step: jax.Array | None = None
+        self._step_behind = False
+        self._draws: dict[int, bool] = {}  # algorithm -> whether its step draws random numbers (found by tracing)
+        self._ran: set[tuple] = set()  # (algorithm, feed signature) that completed a step once
+        self.lock = threading.RLock()
 
         self.state_owner = state_owners(self.graph, self.algorithms)
         owned = set(self.state_owner)
@@ -90,7 +114,8 @@ class Engine:
 
         self.required_inputs, self.optional_inputs = feed_lists([self.graph])
         self._infer_feeds = FeedChecker(self.required_inputs, self.optional_inputs)
-        self._train_feeds = [FeedChecker(*feed_lists([self.graph, a.algorithm])) for a in self.algorithms]
+        self._train_feeds = [FeedChecker(*feed_lists([self.graph, a.algorithm]), rows_required=True)
+                             for a in self.algorithms]
         self._declared = {i.name: i for g in [self.graph] + [a.algorithm for a in self.algorithms] for i in g.inputs}
         self.matmul_precision = matmul_precision
         self._infer = Program(self._infer_body, self.graph.nodes, self._placement.platform,
@@ -123,6 +148,7 @@ class Engine:
                                 state, feeds={**static_feeds, **feeds})
             runtime = Runtime(jax.random.fold_in(key, step), self.functions, training=True, step=step)
             run_nodes(nodes, scope, runtime)
+            self._draws[algorithm.index] = runtime.draws.any
             # An output bound to state is the new state itself; returning it again would cost a copy per step.
             bound = set(algorithm.update_binding.values())
             outputs = {
@@ -186,26 +212,60 @@ class Engine:
         """Validate feeds for `infer` (algorithm None) or for `train_step(algorithm=k)`; FeedError if wrong."""
         if algorithm is None:
             return self._infer_feeds(feeds)
+        self.check_algorithm(algorithm)
+        return self._train_feeds[algorithm](feeds)
+
+    def check_algorithm(self, algorithm: int) -> None:
+        """StateError unless `algorithm` indexes one of the model's TrainingInfoProtos."""
+        if not self.algorithms:
+            raise StateError("the model carries no TrainingInfoProto, so it has no train step "
+                             "(make-trainable adds one)")
         if not 0 <= algorithm < len(self.algorithms):
             raise StateError(
                 f"algorithm {algorithm} does not exist: the model has {len(self.algorithms)} TrainingInfoProto(s)"
             )
-        return self._train_feeds[algorithm](feeds)
 
     def infer(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """Run ModelProto.graph on `feeds` with the current state; returns {output name: array}."""
         checked = self._placement.feeds(self.check_feeds(feeds), self._declared)
-        _, outputs = self._infer(self._state, self._main_consts, self._key, feeds=checked)
+        with self.lock:  # launched on the state of one moment: a step in another thread waits to donate it
+            _, outputs = self._infer(self._state, self._main_consts, self._key, feeds=checked)
         return {name: outputs[name] for name in self.output_names}
 
     def train_step(self, feeds: Mapping[str, Any], algorithm: int = 0) -> dict[str, Any]:
         """Evaluate ModelProto.graph + training_info[algorithm].algorithm and assign via update_binding.
 
         Returns the outputs of both graphs as device arrays (no host sync), except those that update_binding
-        assigns to state: read those from `state`."""
+        assigns to state: read those from `state`.
+
+        A step that fails while it runs raises StepError and leaves the state as it was, when it is the first
+        step with its algorithm and feed shapes (a batch too large for the device's memory is a new shape):
+        that step runs on a copy of the state and is waited for. Later steps donate the state buffers and run
+        asynchronously; one that fails at run time (the device failing, memory taken by something else) loses
+        the state."""
         checked = self._placement.feeds(self.check_feeds(feeds, algorithm), self._declared)
-        (self._state, self._step), outputs = self._train[algorithm](*self._train_arguments(algorithm), feeds=checked)
-        self.step_count += 1
+        signature = array_signature(checked)
+        with self.lock:
+            (state, step), *constants = self._train_arguments(algorithm)
+            first = signature is None or (algorithm, signature) not in self._ran
+            if first:  # the copy is donated, so the state survives whatever the step meets at run time
+                with jax.enable_x64(True):
+                    state, step = jax.tree.map(jnp.copy, (state, step))
+            try:
+                (state, step), outputs = self._train[algorithm]((state, step), *constants, feeds=checked)
+                if first:
+                    jax.block_until_ready((state, outputs))
+            except jax.errors.JaxRuntimeError as exc:
+                lost = "" if first else "; the state was donated to the step and is lost"
+                raise StepError(
+                    f"train step {self.step_count + 1} (algorithm {algorithm}) failed while running{lost}: "
+                    f"{str(exc).splitlines()[0]}"
+                ) from exc
+            if signature is not None:
+                self._ran.add((algorithm, signature))
+            self._state, self._step = state, step
+            self._step_behind |= not self._draws[algorithm]
+            self.step_count += 1
         return outputs
 
     def lower(self, feeds: Mapping[str, Any], algorithm: int | None = None) -> jax.stages.Lowered:
@@ -213,29 +273,34 @@ class Engine:
         without running it: `.as_text()` is its StableHLO, and `.compile()` gives `memory_analysis()` (the bytes
         of its arguments, outputs and temporaries on the device) and `cost_analysis()`."""
         checked = self._placement.feeds(self.check_feeds(feeds, algorithm), self._declared)
-        if algorithm is None:
-            return self._infer.lower(self._state, self._main_consts, self._key, feeds=checked)
-        return self._train[algorithm].lower(*self._train_arguments(algorithm), feeds=checked)
+        with self.lock:
+            if algorithm is None:
+                return self._infer.lower(self._state, self._main_consts, self._key, feeds=checked)
+            return self._train[algorithm].lower(*self._train_arguments(algorithm), feeds=checked)
 
     def _train_arguments(self, algorithm: int) -> tuple:
-        if self._step is None:  # the step count lives on the device between steps: no host transfer per step
+        # the step count lives on the device between steps: no host transfer per step, except before a step that
+        # (for all we know before its first trace) draws, after steps that left it behind
+        if self._step is None or (self._step_behind and self._draws.get(algorithm, True)):
+            self._step_behind = False
             with jax.enable_x64(True):
                 self._step = self._placement.put({"step": np.uint32(self.step_count)})["step"]
         return (self._state, self._step), self._main_consts, self._algorithm_consts[algorithm], self._key
 
     def reset(self) -> None:
         """Every state variable back to its initializer value (the spec's pre-initialized state)."""
-        with jax.enable_x64(True):
+        with self.lock, jax.enable_x64(True):
             self._state = self._placement.put(self._initial_state)
-        self.step_count = 0
-        self._step = None
+            self.step_count = 0
+            self._step = None
 
     def init(self, seed: int | None = None) -> None:
         """Reset, then run every TrainingInfoProto.initialization in order and assign its bindings."""
-        self.reset()
-        with jax.enable_x64(True):
-            key = jax.random.key(self.seed if seed is None else seed)
-        self._state, _ = self._init(self._state, key, feeds={})
+        with self.lock:
+            self.reset()
+            with jax.enable_x64(True):
+                key = jax.random.key(self.seed if seed is None else seed)
+            self._state, _ = self._init(self._state, key, feeds={})
 
     def jax_function(self) -> tuple[Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]], dict]:
         """`fn, params`: ModelProto.graph as a pure function `fn(params, feeds) -> {output: array}`, jittable

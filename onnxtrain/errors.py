@@ -59,3 +59,11 @@ class StaticValueRequired(NodeError):
 
 class ExportError(OnnxTrainError):
     """The trained model cannot be written."""
+
+
+class StepError(OnnxTrainError):
+    """A train step failed while it ran (out of device memory, a runtime XLA error); the state is as before it."""
+
+
+class DivergenceError(OnnxTrainError):
+    """Training diverged: the loss (or a state variable) became NaN or infinite."""

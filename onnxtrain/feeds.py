@@ -25,9 +25,12 @@ def to_array(name: str, value: Any) -> Any:
 
 
 def check_feeds(
-    feeds: Mapping[str, Any], required: list[ValueInfo], optional: list[ValueInfo]
+    feeds: Mapping[str, Any], required: list[ValueInfo], optional: list[ValueInfo], rows_required: bool = False
 ) -> dict[str, Any]:
-    """Validate names, dtypes, ranks, fixed dims and dim_param consistency; return the converted feeds."""
+    """Validate names, dtypes, ranks, fixed dims and dim_param consistency; return the converted feeds.
+
+    `rows_required` (a train step): a batch of zero rows is refused, as its mean loss is NaN and the step
+    would still advance the optimizer's state."""
     declared = {v.name: v for v in required + optional}
     unknown = sorted(set(feeds) - set(declared))
     if unknown:
@@ -39,22 +42,30 @@ def check_feeds(
     symbols: dict[str, tuple[int, str]] = {}
     for name, value in converted.items():
         check_one(declared[name], value, symbols)
+        if rows_required and empty_batch(declared[name], value):
+            raise FeedError(f"feed {name!r} has no rows (shape {tuple(value.shape)}): a train step needs at least one")
     return converted
+
+
+def empty_batch(info: ValueInfo, value: Any) -> bool:
+    """A tensor with zero rows, where the graph does not declare its first dimension to be 0."""
+    rows = getattr(value, "shape", ())[:1]
+    return rows == (0,) and not (info.shape and info.shape[0] == 0)
 
 
 class FeedChecker:
     """check_feeds for one graph's inputs, remembering the signatures (names, dtypes, shapes of arrays) it has
     passed: a training loop feeds one signature every step, and checking it again cost more than the launch."""
 
-    def __init__(self, required: list[ValueInfo], optional: list[ValueInfo]):
-        self.required, self.optional = required, optional
+    def __init__(self, required: list[ValueInfo], optional: list[ValueInfo], rows_required: bool = False):
+        self.required, self.optional, self.rows_required = required, optional, rows_required
         self.passed: set[tuple] = set()
 
     def __call__(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         signature = array_signature(feeds)
         if signature is not None and signature in self.passed:
             return dict(feeds)
-        checked = check_feeds(feeds, self.required, self.optional)
+        checked = check_feeds(feeds, self.required, self.optional, self.rows_required)
         if signature is not None:
             self.passed.add(signature)
         return checked

@@ -11,17 +11,22 @@ import numpy as np
 
 from .authoring import LEARNING_RATE
 from .engine import Engine
-from .errors import FeedError
+from .errors import DivergenceError, FeedError, OnnxTrainError
 
 
 def array_batches(
     arrays: Mapping[str, np.ndarray], batch_size: int | None = None, shuffle: bool = True, seed: int = 0
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Endless minibatches over arrays that share their first dimension (epoch after epoch)."""
+    """Endless minibatches over arrays that share their first dimension (epoch after epoch); `batch_size` None
+    is the whole data, a larger one too."""
+    if batch_size is not None and batch_size < 1:
+        raise OnnxTrainError(f"batch_size must be a positive number of rows (or None: all of them), got {batch_size}")
     sizes = {name: len(a) for name, a in arrays.items()}
     if len(set(sizes.values())) != 1:
         raise FeedError(f"data arrays differ in their first dimension: {sizes}")
     n = next(iter(sizes.values()))
+    if n == 0:
+        raise FeedError(f"the data arrays {sorted(sizes)} have no rows")
     batch_size = min(batch_size or n, n)
     rng = np.random.default_rng(seed)
     while True:
@@ -37,6 +42,45 @@ def loss_output(engine: Engine, algorithm: int = 0) -> str | None:
         if output.shape == () and output.elem_type in (1, 10, 11, 16):
             return output.name
     return None
+
+
+def step_outputs(engine: Engine, algorithm: int) -> list[str]:
+    """What train_step(algorithm=) returns: the outputs of both graphs that update_binding does not assign."""
+    chosen = engine.algorithms[algorithm]
+    bound = set(chosen.update_binding.values())
+    return [o.name for o in engine.graph.outputs + chosen.algorithm.outputs if o.name not in bound]
+
+
+def check_options(engine: Engine, algorithm: int, loss: str | None, intervals: Mapping[str, int]) -> None:
+    engine.check_algorithm(algorithm)
+    available = step_outputs(engine, algorithm)
+    if loss is not None and loss not in available:
+        raise OnnxTrainError(f"loss {loss!r} is not an output of train step {algorithm}; it returns {available}")
+    for name, value in intervals.items():
+        if value < 1:
+            raise OnnxTrainError(f"{name} must be a positive number of steps, got {value}")
+
+
+def nonfinite_state(engine: Engine) -> list[str]:
+    """The float state variables holding a NaN or an infinity (checked on the device; one sync per variable)."""
+    import jax
+    import jax.numpy as jnp
+
+    with jax.enable_x64(True):  # a double stays a double
+        return [n for n, v in engine.state.items()
+                if jnp.issubdtype(v.dtype, jnp.inexact) and not jnp.isfinite(v).all()]
+
+
+def check_finite(engine: Engine, step: int, losses: Mapping[str, float], state: bool = False) -> None:
+    """DivergenceError naming the step if a loss (or with `state`, a float state variable) is NaN or infinite."""
+    culprits = [f"loss {name!r} is {value}" for name, value in losses.items() if not np.isfinite(value)]
+    if state and not culprits:
+        culprits = [f"state variable(s) {names} hold NaN or infinity" for names in [nonfinite_state(engine)] if names]
+    if culprits:
+        raise DivergenceError(
+            f"training diverged: {culprits[0]} after train step {engine.step_count} (step {step} of this fit); "
+            f"nothing was written: lower the learning rate or restart from the last checkpoint"
+        )
 
 
 @dataclass
@@ -68,9 +112,15 @@ def fit(
     `learning_rate`: a value or a schedule `step -> rate`, fed as the algorithm input `learning_rate` (what
     make_trainable declares; a 0-d float32 feed, so a new rate never recompiles). `evaluate(engine)` runs every
     `eval_every` steps (use `engine.infer` inside it); `checkpoint` is exported every `checkpoint_every` steps
-    and at the end."""
+    and at the end.
+
+    A NaN or infinite loss (read where it is logged, and at each checkpoint) raises DivergenceError naming
+    the step; a checkpoint is written only when the loss and every float state variable are finite, so a
+    diverged run never overwrites the last good one."""
     from tqdm.auto import tqdm
 
+    check_options(engine, algorithm, loss,
+                  {"log_every": log_every, "eval_every": eval_every, "checkpoint_every": checkpoint_every})
     loss = loss or loss_output(engine, algorithm)
     schedule = learning_rate if callable(learning_rate) or learning_rate is None else (lambda _: learning_rate)
     history = History()
@@ -80,25 +130,26 @@ def fit(
         return history
     engine.check_feeds(first, algorithm)  # a wrong batch fails before the progress bar starts
     iterator = itertools.chain([first], iterator)
-    bar = tqdm(total=steps, disable=not progress, unit="step")
-    for step in range(steps):
-        batch = next(iterator, None)
-        if batch is None:
-            break
-        if schedule is not None:
-            batch = {**batch, LEARNING_RATE: np.float32(schedule(engine.step_count))}
-        outputs = engine.train_step(batch, algorithm=algorithm)
-        last = step == steps - 1
-        if loss is not None and (step % log_every == 0 or last):
-            value = float(outputs[loss])
-            history.steps.append(step)
-            history.losses.append(value)
-            bar.set_postfix({loss: f"{value:.5f}"})
-        if evaluate is not None and ((step + 1) % eval_every == 0 or last):
-            history.eval_steps.append(step)
-            history.metrics.append(dict(evaluate(engine)))
-        if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or last):
-            engine.export(checkpoint)
-        bar.update(1)
-    bar.close()
+    with tqdm(total=steps, disable=not progress, unit="step") as bar:
+        for step in range(steps):
+            batch = next(iterator, None)
+            if batch is None:
+                break
+            if schedule is not None:
+                batch = {**batch, LEARNING_RATE: np.float32(schedule(engine.step_count))}
+            outputs = engine.train_step(batch, algorithm=algorithm)
+            last = step == steps - 1
+            if loss is not None and (step % log_every == 0 or last):
+                value = float(outputs[loss])
+                check_finite(engine, step, {loss: value})
+                history.steps.append(step)
+                history.losses.append(value)
+                bar.set_postfix({loss: f"{value:.5f}"})
+            if evaluate is not None and ((step + 1) % eval_every == 0 or last):
+                history.eval_steps.append(step)
+                history.metrics.append(dict(evaluate(engine)))
+            if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or last):
+                check_finite(engine, step, {loss: float(outputs[loss])} if loss else {}, state=True)
+                engine.export(checkpoint)
+            bar.update(1)
     return history

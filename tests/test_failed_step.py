@@ -1,0 +1,71 @@
+"""A train step that fails while it runs (here: out of memory on a batch too large) leaves the state as it was."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+import onnxtrain
+
+EXAMPLE = Path(onnxtrain.__file__).parent / "examples"
+
+# Run in a child process whose address space is capped just above what it uses after a small step: the big
+# batch's program (compiled before the cap, so only its run needs memory) cannot allocate its temporaries.
+CHILD = """
+import json, resource, sys
+import numpy as np
+import onnxtrain
+from onnxtrain.errors import StepError
+
+engine = onnxtrain.load(sys.argv[1], seed=0)
+engine.init()
+small = {k: v[:8] for k, v in np.load(sys.argv[2]).items()}
+for _ in range(2):
+    engine.train_step(small)
+before = {n: np.array(v) for n, v in engine.state.items()}
+rows = 4_000_000  # each hidden activation of the batch: 4e6 x 32 float32 = 512 MB
+huge = {"X": np.ones((rows, 2), np.float32), "target": np.ones((rows, 1), np.float32)}
+engine.lower(huge, algorithm=0).compile()
+size = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (size + 256 * 2**20,) * 2)
+try:
+    engine.train_step(huge)
+    error = None
+except StepError as exc:
+    error = str(exc)
+unchanged = all(np.array_equal(np.asarray(engine.state[n]), v) for n, v in before.items())
+engine.export(sys.argv[3])
+engine.train_step(small)
+print(json.dumps({"error": error, "unchanged": unchanged, "steps": engine.step_count}))
+"""
+
+
+def test_an_out_of_memory_step_leaves_the_state_and_training_goes_on(tmp_path):
+    out = tmp_path / "after.onnx"
+    env = {"MALLOC_ARENA_MAX": "2", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(Path(onnxtrain.__file__).parents[1]),
+           "ONNXTRAIN_CACHE_DIR": ""}
+    result = subprocess.run([sys.executable, "-c", CHILD, EXAMPLE / "regression.onnx", EXAMPLE / "regression.npz",
+                             out], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["error"] and "train step 3 (algorithm 0) failed while running" in report["error"]
+    assert "RESOURCE_EXHAUSTED" in report["error"]
+    assert report["unchanged"] and report["steps"] == 3
+    # the export after the failure holds the state after step 2, as a run without the failed step has it
+    exported = onnx.load(out)
+    assert {p.key: p.value for p in exported.metadata_props}["onnxtrain.step"] == "2"
+    reference = onnxtrain.load(EXAMPLE / "regression.onnx", seed=0)
+    reference.init()
+    small = {k: v[:8] for k, v in np.load(EXAMPLE / "regression.npz").items()}
+    for _ in range(2):
+        reference.train_step(small)
+    saved = {t.name: numpy_helper.to_array(t) for g in [exported.graph] + [i.algorithm for i in exported.training_info]
+             for t in g.initializer}
+    for name, value in reference.state.items():
+        np.testing.assert_array_equal(saved[name], np.asarray(value), err_msg=name)

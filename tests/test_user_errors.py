@@ -1,0 +1,98 @@
+"""User mistakes around training get one onnxtrain error naming the culprit; the CLI prints it as one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import onnxtrain
+from onnxtrain.cli import main
+from onnxtrain.errors import FeedError, ModelLoadError, OnnxTrainError, StateError
+
+EXAMPLE = Path(onnxtrain.__file__).parent / "examples"
+MODEL, DATA = EXAMPLE / "regression.onnx", EXAMPLE / "regression.npz"
+ARRAYS = dict(np.load(DATA))
+
+
+@pytest.mark.parametrize("value", ["abc", "-3", "1.5", ""])
+def test_a_bad_step_count_in_the_metadata(value):
+    model = onnx.load(MODEL)
+    model.metadata_props.add(key="onnxtrain.step", value=value)
+    with pytest.raises(ModelLoadError, match=rf"metadata_props\['onnxtrain.step'\] = '{value}'"):
+        onnxtrain.load(model)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"log_every": 0}, "log_every must be a positive number of steps, got 0"),
+    ({"eval_every": -1}, "eval_every must be a positive number of steps, got -1"),
+    ({"loss": "nope"}, r"loss 'nope' is not an output of train step 0; it returns \['Y', 'loss'\]"),
+    ({"algorithm": 5}, "algorithm 5 does not exist: the model has 1 TrainingInfoProto"),
+])
+def test_fit_options(options, message):
+    engine = onnxtrain.load(MODEL)
+    with pytest.raises(OnnxTrainError, match=message):
+        onnxtrain.fit(engine, onnxtrain.array_batches(ARRAYS, 8), steps=3, progress=False, **options)
+    assert engine.step_count == 0
+
+
+@pytest.mark.parametrize("batch_size", [0, -1])
+def test_array_batches_refuses_a_batch_size_below_one(batch_size):
+    with pytest.raises(OnnxTrainError, match=f"batch_size must be a positive number of rows.*got {batch_size}"):
+        next(onnxtrain.array_batches(ARRAYS, batch_size))
+
+
+def test_array_batches_refuses_empty_or_ragged_data():
+    with pytest.raises(FeedError, match=r"the data arrays \['X', 'target'\] have no rows"):
+        next(onnxtrain.array_batches({"X": np.zeros((0, 2)), "target": np.zeros((0, 1))}))
+    with pytest.raises(FeedError, match="differ in their first dimension"):
+        next(onnxtrain.array_batches({"X": np.zeros((4, 2)), "target": np.zeros((3, 1))}))
+
+
+def test_a_zero_row_batch_is_refused_before_it_counts_as_a_step():
+    engine = onnxtrain.load(MODEL)
+    engine.init()
+    empty = {"X": np.zeros((0, 2), np.float32), "target": np.zeros((0, 1), np.float32)}
+    with pytest.raises(FeedError, match=r"feed 'X' has no rows \(shape \(0, 2\)\)"):
+        engine.train_step(empty)
+    assert engine.step_count == 0 and int(engine.state["train.step"]) == 0  # Adam's own count too
+    assert engine.infer({"X": empty["X"]})["Y"].shape == (0, 1)  # inference of nothing is fine
+
+
+def run_cli(capsys, *args) -> tuple[int, str]:
+    status = main([str(a) for a in args])
+    return status, capsys.readouterr().err
+
+
+def plain_model(tmp_path: Path) -> Path:
+    graph = helper.make_graph([helper.make_node("Relu", ["X"], ["Y"])], "plain",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 2])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 2])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "plain.onnx")
+    return tmp_path / "plain.onnx"
+
+
+def test_cli_user_errors_are_one_line(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", ARRAYS["X"][:2])
+    (tmp_path / "corrupt.npz").write_bytes(b"PK\x03\x04 not really a zip")
+    train = ("train", MODEL, "--data", DATA, "--steps", 2)
+    cases = [
+        (("infer", MODEL, "--input", f"X={tmp_path / 'x.npy'}", "--output-dir", tmp_path / "nowhere"),
+         "--output-dir"),
+        (("train", MODEL, "--data", tmp_path / "corrupt.npz"), "--data: cannot read"),
+        (("export", MODEL, "--state", tmp_path / "corrupt.npz", "-o", tmp_path / "o.onnx"), "corrupt.npz"),
+        ((*train, "--algorithm", 5), "algorithm 5 does not exist"),
+        ((*train, "--loss", "nope"), "loss 'nope' is not an output of train step 0"),
+        (("train", plain_model(tmp_path), "--data", DATA), "carries no TrainingInfoProto"),
+        (("make-trainable", plain_model(tmp_path), "--trainable", "W(", "-o", tmp_path / "t.onnx"),
+         "--trainable 'W(' is not a regular expression"),
+        ((*train, "--batch-size", 0), "batch_size must be a positive number of rows"),
+    ]
+    for args, fragment in cases:
+        status, err = run_cli(capsys, *args)
+        assert status == 2, (args, err)
+        assert err.startswith("onnxtrain: error:") and fragment in err, (args, err)
+        assert len(err.strip().splitlines()) == 1, (args, err)
