@@ -47,7 +47,7 @@ def check_large_model(model: onnx.ModelProto) -> None:
     becomes an external reference to an empty file; the checker verifies a reference's file exists, not its
     bytes), the path-based checker runs on the skeleton, and the bytes are put back, also on failure."""
     tensors = [t for t in weight_tensors(model) if t.HasField("raw_data")]
-    set_aside = [t.raw_data for t in tensors]
+    set_aside = [(t.raw_data, t.HasField("data_location")) for t in tensors]
     try:
         with tempfile.TemporaryDirectory(prefix="onnxtrain-check-") as folder:
             (Path(folder) / "weights").touch()
@@ -57,9 +57,11 @@ def check_large_model(model: onnx.ModelProto) -> None:
             skeleton.write_bytes(model.SerializeToString())
             onnx.checker.check_model(str(skeleton))
     finally:
-        for tensor, raw in zip(tensors, set_aside):
+        for tensor, (raw, had_location) in zip(tensors, set_aside):
             del tensor.external_data[:]
-            tensor.data_location = TensorProto.DEFAULT
+            tensor.ClearField("data_location")
+            if had_location:
+                tensor.data_location = TensorProto.DEFAULT
             tensor.raw_data = raw
 
 

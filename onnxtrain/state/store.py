@@ -48,7 +48,10 @@ def save_npz(path: str | Path, state: Mapping[str, Any], meta: Mapping[str, Any]
         arrays[name] = array
     header = json.dumps({"dtypes": dtypes, "meta": dict(meta)})
     header_array = np.frombuffer(header.encode(), dtype=np.uint8)
-    replace_atomically(Path(path), lambda stream: np.savez(stream, **{HEADER: header_array}, **arrays))
+    try:
+        replace_atomically(Path(path), lambda stream: np.savez(stream, **{HEADER: header_array}, **arrays))
+    except OSError as exc:
+        raise StateError(f"cannot write state checkpoint {str(path)!r}: {exc}") from exc
 
 
 HEADER = "__onnxtrain__"
