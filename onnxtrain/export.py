@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Mapping
 
@@ -14,7 +15,7 @@ from onnx.external_data_helper import set_external_data
 from . import big_models
 from .atomic import TOKEN_HEX, new_token, remove_matching, replace_atomically, staging_pattern, unlink_quietly
 from .atomic import write_durably
-from .big_models import exceeds_protobuf_limit, weight_tensors
+from .big_models import exceeds_protobuf_limit, initializer_graphs, lean_copy, weight_tensors
 from .errors import ExportError
 from .placement import host_array
 
@@ -27,8 +28,9 @@ DATA_ALIGNMENT = 64  # bytes; each tensor starts at a multiple of this in the da
 def trained_model(engine: "Engine") -> onnx.ModelProto:
     from .engine import STEP_METADATA_KEY
 
-    model = onnx.ModelProto()
-    model.CopyFrom(engine.model)
+    # the state's old bytes are not copied, they are replaced below; a name in several graphs is copied whole
+    names = Counter(t.name for g in initializer_graphs(engine.model) for t in g.initializer)
+    model = lean_copy(engine.model, lambda tensor: tensor.name in engine.state_owner and names[tensor.name] == 1)
     graphs = [model.graph] + [info.algorithm for info in model.training_info]
     for name, value in engine.state.items():
         owner = engine.state_owner[name]
@@ -106,8 +108,8 @@ def serialize(model: onnx.ModelProto, path: Path, external_data: bool) -> bytes:
     if exceeds_protobuf_limit(model):
         advice = "even with its weights in external data" if external_data else "export with external_data=True"
         raise ExportError(
-            f"cannot export to {str(path)!r}: the model file would be {model.ByteSize():,} bytes, past "
-            f"protobuf's limit of {big_models.PROTOBUF_LIMIT:,} ({advice})"
+            f"cannot export to {str(path)!r}: the model file would be past protobuf's limit of "
+            f"{big_models.PROTOBUF_LIMIT:,} bytes ({advice})"
         )
     return model.SerializeToString()
 
@@ -119,7 +121,8 @@ def move_to_external_data(tensors: list[onnx.TensorProto], stream: BinaryIO, loc
             tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))
         stream.write(bytes(-stream.tell() % DATA_ALIGNMENT))
         offset = stream.tell()
-        stream.write(tensor.raw_data)
-        set_external_data(tensor, location, offset=offset, length=len(tensor.raw_data))
+        raw = tensor.raw_data  # a copy out of the message: read it once
+        stream.write(raw)
+        set_external_data(tensor, location, offset=offset, length=len(raw))
         tensor.data_location = onnx.TensorProto.EXTERNAL
         tensor.ClearField("raw_data")
