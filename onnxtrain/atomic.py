@@ -64,7 +64,7 @@ def replace_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
         os.replace(staged, path)
     finally:
         unlink_quietly(staged)  # only still there if writing or renaming failed
-    fsync_folder(path.resolve().parent)
+    fsync_folder(path.absolute().parent)
     remove_matching(path.parent, [staging_pattern(path)], keep=set())
 
 

@@ -281,7 +281,9 @@ class Engine:
         self._step = None
 
     def export(self, path: str | Path, external_data: bool | None = None) -> None:
-        """Write a copy of the model whose initializers hold the current state, atomically."""
+        """Write a copy of the model whose initializers hold the current state, atomically. External data
+        (external_data=True, or automatically past protobuf's 2 GiB) goes to `<name>.<16 hex>.data` beside it,
+        a new name at each export: the model file and its data are always both the old or both the new."""
         from .export import export_model
 
         export_model(self, Path(path), external_data)

@@ -13,8 +13,7 @@ from onnx import numpy_helper
 from onnx.external_data_helper import set_external_data
 
 from . import big_models
-from .atomic import TOKEN_HEX, new_token, remove_matching, replace_atomically, staging_pattern, unlink_quietly
-from .atomic import write_durably
+from .atomic import TOKEN_HEX, new_token, remove_matching, replace_atomically, unlink_quietly, write_durably
 from .big_models import exceeds_protobuf_limit, initializer_graphs, lean_copy, weight_tensors
 from .errors import ExportError
 from .placement import host_array
@@ -78,7 +77,7 @@ def save_atomic(model: onnx.ModelProto, path: Path, external_data: bool | None =
     path = Path(path)
     if external_data is None:
         external_data = exceeds_protobuf_limit(model)
-    folder = path.resolve().parent
+    folder = path.absolute().parent  # not resolve(): a symlink at `path` is replaced, not its target
     if not folder.is_dir():
         raise ExportError(f"cannot export to {str(path)!r}: folder {str(folder)!r} does not exist")
     weights = weight_tensors(model) if external_data else []
@@ -95,7 +94,7 @@ def save_atomic(model: onnx.ModelProto, path: Path, external_data: bool | None =
     finally:
         if data_name is not None and not committed:
             unlink_quietly(folder / data_name)
-    remove_matching(folder, [data_pattern(path), staging_pattern(path)], keep={data_name} - {None})
+    remove_matching(folder, [data_pattern(path)], keep={data_name} - {None})  # replace_atomically: staging
 
 
 def data_pattern(path: Path) -> re.Pattern[str]:

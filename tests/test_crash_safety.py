@@ -22,7 +22,7 @@ from crash_saver import EXTERNAL, INLINE, STATE, digest, model
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
 
-KILLS = 24
+KILLS = 20
 SAVER = Path(__file__).with_name("crash_saver.py")
 
 
