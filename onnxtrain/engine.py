@@ -319,31 +319,42 @@ class Engine:
     # ----- checkpoints and export -----
 
     def save_state(self, path: str | Path) -> None:
-        """A light checkpoint: the state and step count in a NumPy .npz (no pickle)."""
-        save_npz(path, {name: host_array(v) for name, v in self._state.items()}, {"step": self.step_count})
+        """A light checkpoint: the state and step count in a NumPy .npz (no pickle), written to exactly `path`
+        (no suffix added) and atomically: a crash during the save leaves the previous checkpoint intact."""
+        with self.lock:  # one moment's state: a step in another thread would donate these buffers
+            state, meta = {name: host_array(v) for name, v in self._state.items()}, {"step": self.step_count}
+        save_npz(path, state, meta)
 
     def load_state(self, path: str | Path) -> None:
+        """Restore a save_state checkpoint of this model: it must hold exactly the model's state variables,
+        each with its shape and dtype (StateError listing every difference otherwise; the state is unchanged)."""
         values, meta = load_npz(path)
+        missing = sorted(set(self._state) - set(values))
         unknown = sorted(set(values) - set(self._state))
-        if unknown:
-            raise StateError(f"checkpoint {str(path)!r} holds unknown state variables {unknown}")
-        for name, value in values.items():
-            current = self._state[name]
-            if value.shape != tuple(current.shape) or value.dtype != np.dtype(current.dtype):
-                raise StateError(
-                    f"checkpoint {str(path)!r}: {name!r} is {value.dtype}{list(value.shape)}, "
-                    f"the model's is {np.dtype(current.dtype)}{list(current.shape)}"
-                )
-        with jax.enable_x64(True):
+        mismatched = [
+            f"{name!r} is {value.dtype}{list(value.shape)}, the model's is "
+            f"{np.dtype(self._state[name].dtype)}{list(self._state[name].shape)}"
+            for name, value in values.items()
+            if name in self._state and (value.shape, value.dtype) != (
+                tuple(self._state[name].shape), np.dtype(self._state[name].dtype))
+        ]
+        problems = ([f"lacks state variables {missing}"] if missing else []) + (
+            [f"holds unknown state variables {unknown}"] if unknown else []) + mismatched
+        if problems:
+            raise StateError(f"checkpoint {str(path)!r} does not fit this model: " + "; ".join(problems))
+        with self.lock, jax.enable_x64(True):
             self._state = {**self._state, **self._placement.put(values)}
-        self.step_count = int(meta.get("step", 0))
-        self._step = None
+            self.step_count = int(meta.get("step", 0))
+            self._step = None
 
     def export(self, path: str | Path, external_data: bool | None = None) -> None:
-        """Write a copy of the model whose initializers hold the current state, atomically."""
+        """Write a copy of the model whose initializers hold the current state, atomically. External data
+        (external_data=True, or automatically past protobuf's 2 GiB) goes to `<name>.<16 hex>.data` beside it,
+        a new name at each export: the model file and its data are always both the old or both the new."""
         from .export import export_model
 
-        export_model(self, Path(path), external_data)
+        with self.lock:
+            export_model(self, Path(path), external_data)
 
 
 def load(

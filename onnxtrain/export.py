@@ -2,29 +2,34 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
+import re
+from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, BinaryIO, Mapping
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
+from onnx.external_data_helper import set_external_data
 
+from . import big_models
+from .atomic import TOKEN_HEX, new_token, remove_matching, replace_atomically, unlink_quietly, write_durably
+from .big_models import exceeds_protobuf_limit, initializer_graphs, lean_copy, weight_tensors
 from .errors import ExportError
 from .placement import host_array
 
 if TYPE_CHECKING:
     from .engine import Engine
 
-PROTOBUF_LIMIT = 2**31 - 1  # a serialized ModelProto cannot exceed 2 GiB; past it weights go to external data
+DATA_ALIGNMENT = 64  # bytes; each tensor starts at a multiple of this in the data file
 
 
 def trained_model(engine: "Engine") -> onnx.ModelProto:
     from .engine import STEP_METADATA_KEY
 
-    model = onnx.ModelProto()
-    model.CopyFrom(engine.model)
+    # the state's old bytes are not copied, they are replaced below; a name in several graphs is copied whole
+    names = Counter(t.name for g in initializer_graphs(engine.model) for t in g.initializer)
+    model = lean_copy(engine.model, lambda tensor: tensor.name in engine.state_owner and names[tensor.name] == 1)
     graphs = [model.graph] + [info.algorithm for info in model.training_info]
     for name, value in engine.state.items():
         owner = engine.state_owner[name]
@@ -60,29 +65,63 @@ def with_initializers(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx
 
 
 def save_atomic(model: onnx.ModelProto, path: Path, external_data: bool | None = None) -> None:
-    """Large models (or external_data=True) keep their weights in `<name>.data` beside the model; the model
-    file is written to a temporary name and renamed into place, so it is never half-written."""
+    """Write `model` to `path`; with external data (external_data=True, or None and the model past protobuf's
+    limit) its weights (big_models.weight_tensors) go to `<name>.<token>.data` beside it. `model` is consumed
+    (its weights are moved out).
+
+    The model file at `path` is always either the previous one or the new one, each whole with its own data file:
+    every export writes its weights under a fresh name, then the model file referencing them replaces the old
+    one atomically (the commit point), then the previous data file is removed. Files a killed export left
+    (staging model files, data files no model refers to) match `path`'s patterns and are removed by the next
+    export to `path`. One writer per path at a time."""
     path = Path(path)
     if external_data is None:
-        external_data = model.ByteSize() > PROTOBUF_LIMIT // 2
-    folder = path.resolve().parent
+        external_data = exceeds_protobuf_limit(model)
+    folder = path.absolute().parent  # not resolve(): a symlink at `path` is replaced, not its target
     if not folder.is_dir():
         raise ExportError(f"cannot export to {str(path)!r}: folder {str(folder)!r} does not exist")
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=folder))
+    weights = weight_tensors(model) if external_data else []
+    data_name = f"{path.name}.{new_token()}.data" if weights else None
+    committed = False
     try:
-        staged = staging / path.name
-        data_name = f"{path.name}.data"
-        if external_data:
-            onnx.save_model(model, staged, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=data_name, size_threshold=0)
-            if (staging / data_name).exists():
-                os.replace(staging / data_name, folder / data_name)
-        else:
-            onnx.save_model(model, staged)
-        os.replace(staged, path)
+        if data_name is not None:
+            write_durably(folder / data_name, lambda stream: move_to_external_data(weights, stream, data_name))
+        serialized = serialize(model, path, external_data)
+        replace_atomically(path, lambda stream: stream.write(serialized))
+        committed = True
     except OSError as exc:
         raise ExportError(f"cannot export to {str(path)!r}: {exc}") from exc
     finally:
-        for leftover in staging.iterdir():
-            leftover.unlink()
-        staging.rmdir()
+        if data_name is not None and not committed:
+            unlink_quietly(folder / data_name)
+    remove_matching(folder, [data_pattern(path)], keep={data_name} - {None})  # replace_atomically: staging
+
+
+def data_pattern(path: Path) -> re.Pattern[str]:
+    """The data files of exports to `path`: ours (`<name>.<token>.data`) and `<name>.data`, the name earlier
+    versions and torch.onnx.export give the data of a model file `<name>`."""
+    return re.compile(rf"{re.escape(path.name)}(\.[0-9a-f]{{{TOKEN_HEX}}})?\.data")
+
+
+def serialize(model: onnx.ModelProto, path: Path, external_data: bool) -> bytes:
+    if exceeds_protobuf_limit(model):
+        advice = "even with its weights in external data" if external_data else "export with external_data=True"
+        raise ExportError(
+            f"cannot export to {str(path)!r}: the model file would be past protobuf's limit of "
+            f"{big_models.PROTOBUF_LIMIT:,} bytes ({advice})"
+        )
+    return model.SerializeToString()
+
+
+def move_to_external_data(tensors: list[onnx.TensorProto], stream: BinaryIO, location: str) -> None:
+    """Append each tensor's bytes to `stream` (64-byte aligned) and make the tensor refer to them."""
+    for tensor in tensors:
+        if not tensor.HasField("raw_data"):
+            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))
+        stream.write(bytes(-stream.tell() % DATA_ALIGNMENT))
+        offset = stream.tell()
+        raw = tensor.raw_data  # a copy out of the message: read it once
+        stream.write(raw)
+        set_external_data(tensor, location, offset=offset, length=len(raw))
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        tensor.ClearField("raw_data")

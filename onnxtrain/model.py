@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from . import lower  # noqa: F401  (registers every op)
+from .big_models import check_large_model, exceeds_protobuf_limit
 from .errors import ExternalDataError, ModelLoadError, UnsupportedOpError
 from .lower.registry import OpImpl, canonical_domain, lookup, schema_for
 
@@ -239,9 +240,15 @@ def read_model(source: ModelSource) -> tuple[onnx.ModelProto, Path | None]:
 
 
 def external_tensors(model: onnx.ModelProto):
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+    from onnx.external_data_helper import _get_all_tensors, _get_attribute_tensors_from_graph
+    from onnx.external_data_helper import _get_initializer_tensors_from_graph, uses_external_data
 
-    return [t for t in _get_all_tensors(model) if uses_external_data(t)]
+    # onnx's walk skips training_info, whose initializers (optimizer state) export also moves to external data
+    training = [g for info in model.training_info for g in (info.initialization, info.algorithm)]
+    tensors = [*_get_all_tensors(model)]
+    for graph in training:
+        tensors += [*_get_initializer_tensors_from_graph(graph), *_get_attribute_tensors_from_graph(graph)]
+    return [t for t in tensors if uses_external_data(t)]
 
 
 def load_external_data(model: onnx.ModelProto, folder: Path) -> None:
@@ -263,7 +270,10 @@ def load_external_data(model: onnx.ModelProto, folder: Path) -> None:
 
 def check_model(model: onnx.ModelProto) -> None:
     try:
-        onnx.checker.check_model(model)
+        if exceeds_protobuf_limit(model):  # the in-memory checker serializes the model: impossible past 2 GiB
+            check_large_model(model)
+        else:
+            onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError) as exc:
         raise ModelLoadError(f"onnx.checker rejected the model: {exc}") from exc
 

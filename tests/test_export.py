@@ -9,6 +9,8 @@ import onnx
 import pytest
 
 import onnxtrain
+import onnxtrain.big_models
+from onnx.external_data_helper import ExternalDataInfo
 from onnxtrain.errors import ExportError
 from test_training import mlp_params
 from training_models import mlp_adam
@@ -70,10 +72,13 @@ def test_checkpoint_resumes_bit_for_bit(tmp_path, resume):
         np.testing.assert_array_equal(np.asarray(resumed.state[name]), np.asarray(value), err_msg=name)
 
 
-def test_export_with_external_data(tmp_path):
+def test_export_with_external_data(tmp_path, monkeypatch):
+    monkeypatch.setattr(onnxtrain.big_models, "INLINE_BYTES", 0)  # the MLP's weights are all under 1 KiB
     engine = trained(1)
     engine.export(tmp_path / "m.onnx", external_data=True)
-    assert (tmp_path / "m.onnx.data").exists()
+    (data_file,) = [p for p in tmp_path.iterdir() if p.name.endswith(".data")]
+    written = onnx.load(tmp_path / "m.onnx", load_external_data=False)
+    assert {ExternalDataInfo(t).location for t in written.graph.initializer} == {data_file.name}
     reloaded = onnxtrain.load(tmp_path / "m.onnx")
     np.testing.assert_array_equal(np.asarray(reloaded.state["W1"]), np.asarray(engine.state["W1"]))
 
@@ -83,10 +88,10 @@ def test_failed_export_leaves_the_existing_file_untouched(tmp_path, monkeypatch)
     path = tmp_path / "keep.onnx"
     path.write_bytes(b"previous contents")
 
-    def broken_save(*args, **kwargs):
+    def broken_fsync(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(onnx, "save_model", broken_save)
+    monkeypatch.setattr(os, "fsync", broken_fsync)
     with pytest.raises(ExportError, match="disk full"):
         engine.export(path)
     assert path.read_bytes() == b"previous contents"

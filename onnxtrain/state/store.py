@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+from numpy.lib.npyio import NpzFile
 
+from ..atomic import replace_atomically
 from ..errors import StateError
 
 
@@ -34,6 +38,7 @@ def assign(state: Mapping[str, Any], binding: Mapping[str, str], values: Mapping
 
 # NumPy's .npz holds only NumPy's own dtypes; ml_dtypes ones (bfloat16, float8...) travel as raw bits.
 def save_npz(path: str | Path, state: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
+    """Write exactly `path` (no suffix added), atomically: a crash leaves the previous checkpoint or this one."""
     arrays, dtypes = {}, {}
     for name, value in state.items():
         array = np.asarray(value)
@@ -42,24 +47,47 @@ def save_npz(path: str | Path, state: Mapping[str, Any], meta: Mapping[str, Any]
             array = array.view(f"u{array.dtype.itemsize}")
         arrays[name] = array
     header = json.dumps({"dtypes": dtypes, "meta": dict(meta)})
-    np.savez(path, __onnxtrain__=np.frombuffer(header.encode(), dtype=np.uint8), **arrays)
+    header_array = np.frombuffer(header.encode(), dtype=np.uint8)
+    try:
+        replace_atomically(Path(path), lambda stream: np.savez(stream, **{HEADER: header_array}, **arrays))
+    except OSError as exc:
+        raise StateError(f"cannot write state checkpoint {str(path)!r}: {exc}") from exc
+
+
+HEADER = "__onnxtrain__"
+# What a damaged file raises while it is read: not a zip, truncated, bad CRC, bad JSON, wrong-typed header...
+DAMAGE = (OSError, ValueError, EOFError, KeyError, TypeError, zipfile.BadZipFile, zlib.error)
 
 
 def load_npz(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    import ml_dtypes  # noqa: F401  (registers the dtype names np.dtype() resolves below)
-
+    """Read a checkpoint written by save_npz; StateError naming the file for anything else or anything damaged."""
     try:
         data = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
+    except DAMAGE as exc:
         raise StateError(f"cannot read state checkpoint {str(path)!r}: {exc}") from exc
+    if not isinstance(data, NpzFile):
+        raise StateError(f"{str(path)!r} is not an onnxtrain state checkpoint (not an .npz archive)")
     with data:
-        if "__onnxtrain__" not in data.files:
+        if HEADER not in data.files:
             raise StateError(f"{str(path)!r} is not an onnxtrain state checkpoint (written by Engine.save_state)")
-        header = json.loads(bytes(data["__onnxtrain__"]).decode())
-        state = {}
-        for name, dtype_name in header["dtypes"].items():
-            array = data[name]
-            dtype = np.dtype(getattr(ml_dtypes, dtype_name, dtype_name))
-            state[name] = array.view(dtype) if array.dtype != dtype else array
-    return state, header["meta"]
+        try:
+            return read_checkpoint(data)
+        except DAMAGE as exc:
+            raise StateError(f"state checkpoint {str(path)!r} is damaged: {exc!r}") from exc
 
+
+def read_checkpoint(data: NpzFile) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    import ml_dtypes  # noqa: F401  (registers the dtype names np.dtype() resolves below)
+
+    header = json.loads(bytes(data[HEADER]).decode())
+    if not isinstance(header, dict) or not isinstance(header.get("dtypes"), dict):
+        raise ValueError(f"header {header!r} has no 'dtypes' table")
+    meta = header.get("meta")
+    if not isinstance(meta, dict) or not isinstance(meta.get("step", 0), int):
+        raise ValueError(f"header {header!r} has no 'meta' table with an integer 'step'")
+    state = {}
+    for name, dtype_name in header["dtypes"].items():
+        array = data[name]
+        dtype = np.dtype(getattr(ml_dtypes, str(dtype_name), dtype_name))
+        state[name] = array.view(dtype) if array.dtype != dtype else array
+    return state, meta

@@ -1,0 +1,76 @@
+"""Writing files so that a crash (SIGKILL, power loss) leaves the old file or the new one, never a part of either.
+
+A file is written under a staging name in its own folder (so the final rename stays on one file system), flushed
+and fsync'ed, renamed over the target with os.replace (atomic on POSIX and Windows), then the folder is fsync'ed
+so the rename itself is on disk. Staging names are recognisable (`.<name>.<16 hex>.tmp`): a process killed
+mid-write leaves one behind, which the next write to the same path removes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterable
+
+TOKEN_HEX = 16  # characters of the random token in staging and data-file names
+
+
+def new_token() -> str:
+    return secrets.token_hex(TOKEN_HEX // 2)
+
+
+def staging_path(path: Path, token: str) -> Path:
+    return path.with_name(f".{path.name}.{token}.tmp")
+
+
+def staging_pattern(path: Path) -> re.Pattern[str]:
+    return re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{{TOKEN_HEX}}}\.tmp")
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make a rename in `folder` durable. Windows cannot open a folder; there os.replace is durable as it is."""
+    if os.name == "nt":
+        return
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def write_durably(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Create `path` (which must not exist) with `write`, then flush and fsync it."""
+    with open(path, "xb") as stream:
+        write(stream)
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+def unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def replace_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write `path` through a staging file: readers (and crashes) see the old contents or the new, whole."""
+    path = Path(path)
+    staged = staging_path(path, new_token())
+    try:
+        write_durably(staged, write)
+        os.replace(staged, path)
+    finally:
+        unlink_quietly(staged)  # only still there if writing or renaming failed
+    fsync_folder(path.absolute().parent)
+    remove_matching(path.parent, [staging_pattern(path)], keep=set())
+
+
+def remove_matching(folder: Path, patterns: Iterable[re.Pattern[str]], keep: set[str]) -> None:
+    """Remove the files of `folder` whose whole name matches a pattern (leftovers of killed writes)."""
+    patterns = list(patterns)
+    for entry in os.scandir(folder):
+        if entry.name not in keep and any(p.fullmatch(entry.name) for p in patterns):
+            unlink_quietly(Path(entry.path))

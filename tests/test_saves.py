@@ -1,0 +1,299 @@
+"""Writing checkpoints and exports: exact paths, atomic replacement, strict and safe reading, external data
+(which tensors go there, when it is chosen, what is left behind), models past protobuf's limit (simulated by
+shrinking the limit)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+import onnxtrain
+import onnxtrain.big_models
+from onnxtrain.errors import ExportError, ModelLoadError, StateError
+from onnxtrain.state.store import save_npz
+from test_training import mlp_params
+from training_models import mlp_adam
+
+RNG = np.random.default_rng(5)
+X = RNG.normal(size=(16, 4)).astype(np.float32)
+T = RNG.normal(size=(16, 2)).astype(np.float32)
+
+
+def trained(steps: int) -> onnxtrain.Engine:
+    engine = onnxtrain.load(mlp_adam(mlp_params(), lr=0.01))
+    engine.init()
+    for _ in range(steps):
+        engine.train_step({"X": X, "Target": T})
+    return engine
+
+
+def host_state(engine: onnxtrain.Engine) -> dict[str, np.ndarray]:
+    return {name: np.array(value) for name, value in engine.state.items()}
+
+
+def assert_same_state(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        np.testing.assert_array_equal(actual[name], expected[name], err_msg=name)
+
+
+# ----- save_state / load_state -----
+
+def test_save_state_writes_exactly_the_given_path(tmp_path):
+    """No suffix is appended: `ckpt` is written and read back, even over an older file named `ckpt`."""
+    path = tmp_path / "ckpt"
+    trained(1).save_state(path)
+    source = trained(3)
+    source.save_state(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    resumed = trained(0)
+    resumed.load_state(path)
+    assert resumed.step_count == 3
+    assert_same_state(host_state(resumed), host_state(source))
+
+
+def test_save_state_fsyncs_the_file_and_its_folder(tmp_path, monkeypatch):
+    kinds = []
+    real_fsync = os.fsync
+
+    def recording_fsync(descriptor):
+        kinds.append("folder" if stat.S_ISDIR(os.fstat(descriptor).st_mode) else "file")
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    trained(1).save_state(tmp_path / "state.npz")
+    assert kinds == ["file", "folder"]
+
+
+def test_failed_save_state_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "state.npz"
+    previous = trained(2)
+    previous.save_state(path)
+
+    def savez_then_disk_full(file, *args, **kwargs):  # writes a torn archive wherever it is pointed, then fails
+        target = open(file, "wb") if isinstance(file, (str, os.PathLike)) else file
+        target.write(b"PK\x03\x04 torn")
+        target.flush()
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", savez_then_disk_full)
+    with pytest.raises(StateError, match="disk full"):
+        trained(5).save_state(path)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.npz"]
+    resumed = trained(0)
+    resumed.load_state(path)
+    assert resumed.step_count == 2
+    assert_same_state(host_state(resumed), host_state(previous))
+
+
+def test_load_state_refuses_a_checkpoint_that_does_not_fit_and_keeps_the_state(tmp_path):
+    engine = trained(2)
+    state = host_state(engine)
+    partial = {name: value for name, value in state.items() if name != "W2"}
+    partial["B1"] = np.zeros(9, np.float32)  # the model's B1 has 8 values
+    partial["extra"] = np.zeros(2, np.float32)
+    save_npz(tmp_path / "partial.npz", partial, {"step": 7})
+    with pytest.raises(StateError) as caught:
+        engine.load_state(tmp_path / "partial.npz")
+    message = str(caught.value)
+    assert "partial.npz" in message and "['W2']" in message and "['extra']" in message
+    assert "'B1' is float32[9]" in message
+    assert engine.step_count == 2
+    assert_same_state(host_state(engine), state)
+
+
+def header(dtypes, meta) -> np.ndarray:
+    return np.frombuffer(json.dumps({"dtypes": dtypes, "meta": meta}).encode(), np.uint8)
+
+
+def write_truncated(path, good: bytes) -> None:
+    path.write_bytes(good[: len(good) // 2])
+
+
+def write_bad_crc(path, good: bytes) -> None:
+    """One bit of W1 flipped: the archive is stored uncompressed, so its bytes appear as they are."""
+    damaged = bytearray(good)
+    damaged[good.index(np.load(path.with_name("good.npz"))["W1"].tobytes())] ^= 1
+    path.write_bytes(bytes(damaged))
+
+
+def write_npz(**arrays):
+    def write(path, good: bytes) -> None:
+        with open(path, "wb") as stream:
+            np.savez(stream, **arrays)
+    return write
+
+
+def write_npy(path, good: bytes) -> None:
+    with open(path, "wb") as stream:
+        np.save(stream, np.zeros(3))
+
+
+DAMAGED = {
+    "truncated": write_truncated,
+    "not an archive": lambda path, good: path.write_bytes(b"not a zip file at all"),
+    "npy not npz": write_npy,
+    "bad crc": write_bad_crc,
+    "header not json": write_npz(__onnxtrain__=np.frombuffer(b"{not json", np.uint8)),
+    "header lacks dtypes": write_npz(__onnxtrain__=np.frombuffer(b'{"meta": {}}', np.uint8)),
+    "header dtypes is a list": write_npz(__onnxtrain__=header(["W1"], {})),
+    "step is a string": write_npz(__onnxtrain__=header({}, {"step": "7"})),
+    "array missing": write_npz(__onnxtrain__=header({"W1": "float32"}, {"step": 1})),
+    "unknown dtype": write_npz(__onnxtrain__=header({"W1": "float33"}, {}), W1=np.zeros((4, 8), np.float32)),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED.values(), ids=DAMAGED.keys())
+def test_damaged_checkpoint_raises_state_error_naming_the_file(tmp_path, damage):
+    engine = trained(1)
+    engine.save_state(tmp_path / "good.npz")
+    state = host_state(engine)
+    path = tmp_path / "damaged.npz"
+    damage(path, (tmp_path / "good.npz").read_bytes())
+    with pytest.raises(StateError, match="damaged.npz"):
+        engine.load_state(path)
+    assert engine.step_count == 1
+    assert_same_state(host_state(engine), state)
+
+
+# ----- export -----
+
+def regression_model(width: int = 64) -> onnx.ModelProto:
+    """Y = Reshape(X @ W, shape) + B: W is a weight past INLINE_BYTES, `shape` an int64 shape tensor that ONNX
+    Runtime reads while loading, B a small weight."""
+    rng = np.random.default_rng(0)
+    weights = {
+        "W": rng.normal(size=(8, width)).astype(np.float32),
+        "shape": np.array([-1, width // 4, 4], np.int64),
+        "B": rng.normal(size=(4,)).astype(np.float32),
+    }
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["XW"]), helper.make_node("Reshape", ["XW", "shape"], ["R"]),
+         helper.make_node("Add", ["R", "B"], ["Y"])],
+        "regression",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["rows", width // 4, 4])],
+        [numpy_helper.from_array(v, n) for n, v in weights.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def reference_output(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    return (x @ weights["W"]).reshape(weights["shape"]) + weights["B"]
+
+
+def onnxruntime_output(path, x: np.ndarray) -> np.ndarray:
+    ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"X": x})[0]
+
+
+def data_files(folder) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".data"))
+
+
+def locations(path) -> dict[str, str]:
+    """tensor name -> external data file, for the tensors of every graph stored outside the model file."""
+    model = onnx.load(path, load_external_data=False)
+    graphs = [model.graph] + [g for i in model.training_info for g in (i.initialization, i.algorithm)]
+    return {t.name: ExternalDataInfo(t).location for g in graphs for t in g.initializer if uses_external_data(t)}
+
+
+@pytest.mark.parametrize("inline_bytes", [1024, 0])
+def test_external_data_keeps_small_and_shape_tensors_inline_for_onnxruntime(tmp_path, monkeypatch, inline_bytes):
+    monkeypatch.setattr(onnxtrain.big_models, "INLINE_BYTES", inline_bytes)
+    model = regression_model()
+    onnxtrain.load(model).export(tmp_path / "m.onnx", external_data=True)
+    expected_external = {"W"} if inline_bytes else {"W", "B"}  # 2 KiB W; 16-byte B; int64 shape never
+    (data_file,) = data_files(tmp_path)
+    assert locations(tmp_path / "m.onnx") == dict.fromkeys(expected_external, data_file)
+    x = RNG.normal(size=(3, 8)).astype(np.float32)
+    np.testing.assert_allclose(onnxruntime_output(tmp_path / "m.onnx", x), reference_output(model, x), rtol=1e-5)
+
+
+def test_repeated_external_export_in_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(onnxtrain.big_models, "INLINE_BYTES", 0)
+    engine = trained(1)
+    engine.export("m.onnx", external_data=True)
+    first = data_files(tmp_path)
+    engine.train_step({"X": X, "Target": T})
+    engine.export("m.onnx", external_data=True)
+    second = data_files(tmp_path)
+    assert len(first) == len(second) == 1 and first != second  # the previous pair's data file is gone
+    assert set(locations("m.onnx").values()) == set(second)
+    graphs = [engine.model.graph] + [engine.model.training_info[0].algorithm]
+    floats = {t.name for g in graphs for t in g.initializer if t.data_type != TensorProto.INT64}
+    assert len(floats) == 13 and set(locations("m.onnx")) == floats  # weights, moments, rate; not step count T
+    reloaded = onnxtrain.load("m.onnx")
+    assert reloaded.step_count == 2
+    assert_same_state(host_state(reloaded), host_state(engine))
+
+
+def test_export_removes_leftovers_of_killed_exports_to_the_same_path_only(tmp_path):
+    leftovers = [".m.onnx.0123456789abcdef.tmp", "m.onnx.fedcba9876543210.data", "m.onnx.data"]
+    unrelated = ["other.onnx.0123456789abcdef.data", ".other.onnx.0123456789abcdef.tmp", "m.onnx.notes",
+                 "m.onnx.0123.data"]
+    for name in leftovers + unrelated:
+        (tmp_path / name).write_bytes(b"x")
+    trained(1).export(tmp_path / "m.onnx", external_data=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(unrelated + ["m.onnx"])  # MLP: all inline
+
+
+def test_export_past_the_protobuf_limit_switches_to_external_data(tmp_path, monkeypatch):
+    model = regression_model(width=256)  # W: 8 KiB
+    engine = onnxtrain.load(model)
+    engine.export(tmp_path / "small.onnx")
+    assert data_files(tmp_path) == []
+    monkeypatch.setattr(onnxtrain.big_models, "PROTOBUF_LIMIT", 4096)
+    engine.export(tmp_path / "big.onnx")
+    assert list(locations(tmp_path / "big.onnx")) == ["W"]
+    assert (tmp_path / "big.onnx").stat().st_size < 4096
+    x = RNG.normal(size=(2, 8)).astype(np.float32)
+    np.testing.assert_allclose(onnxruntime_output(tmp_path / "big.onnx", x), reference_output(model, x), rtol=1e-5)
+    with pytest.raises(ExportError, match="external_data=True"):
+        engine.export(tmp_path / "inline.onnx", external_data=False)
+    assert not (tmp_path / "inline.onnx").exists()
+
+
+def test_model_past_the_protobuf_limit_is_validated_trained_and_exported(tmp_path, monkeypatch):
+    """With the limit shrunk below the model's size every big-model path runs: the checker on a skeleton, a
+    train step, the automatic external-data export, reloads in onnxtrain and ONNX Runtime."""
+    monkeypatch.setattr(onnxtrain.big_models, "PROTOBUF_LIMIT", 4096)
+    model = regression_model(width=256)
+    broken = onnx.ModelProto()
+    broken.CopyFrom(model)
+    broken.graph.node[0].input[1] = "undefined"
+    with pytest.raises(ModelLoadError, match="undefined"):
+        onnxtrain.load(broken)
+    trainable = onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=0.1)
+    serialized = trainable.SerializeToString()
+    engine = onnxtrain.load(trainable)
+    assert trainable.SerializeToString() == serialized  # the check put every tensor's bytes back
+    x = RNG.normal(size=(2, 8)).astype(np.float32)
+    target = np.zeros((2, 64, 4), np.float32)
+    before = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    engine.train_step({"X": x, "target": target})
+    # one SGD step on mean((X W reshaped + B)^2): W -= lr * X^T dL/d(XW)
+    residual = reference_output(model, x)
+    grad_w = x.T @ (2 * residual / residual.size).reshape(2, 256)
+    np.testing.assert_allclose(np.asarray(engine.state["W"]), before["W"] - 0.1 * grad_w, rtol=1e-4, atol=1e-6)
+    engine.export(tmp_path / "trained.onnx")
+    assert "W" in locations(tmp_path / "trained.onnx")
+    reloaded = onnxtrain.load(tmp_path / "trained.onnx")
+    np.testing.assert_array_equal(np.asarray(reloaded.state["W"]), np.asarray(engine.state["W"]))
+    inference = onnx.load(tmp_path / "trained.onnx", load_external_data=False)
+    del inference.training_info[:]
+    onnx.save_model(inference, tmp_path / "inference.onnx")
+    trained_weights = dict(before, W=np.asarray(engine.state["W"]), B=np.asarray(engine.state["B"]))
+    expected = (x @ trained_weights["W"]).reshape(trained_weights["shape"]) + trained_weights["B"]
+    np.testing.assert_allclose(onnxruntime_output(tmp_path / "inference.onnx", x), expected, rtol=1e-5)
