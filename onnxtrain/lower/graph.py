@@ -14,6 +14,7 @@ import onnx
 from ..errors import NodeError, OnnxTrainError, StaticValueRequired
 from . import layout
 from .layout import channels_first
+from .constants import hoisting, with_hoisted
 from .registry import schema_for
 from .values import Value, is_static, static_evaluation, to_static
 
@@ -186,6 +187,12 @@ def call_node(
     while args and args[-1] is None:  # absent trailing optional inputs take the implementation's defaults
         args.pop()
     if not is_static(*args):
+        hoisted = with_hoisted(node, args)
+        if hoisted is not args:
+            try:
+                return layout.call(node.impl.fn, node.impl.layout, hoisted, attrs)
+            except StaticValueRequired:
+                pass  # the op reads that constant at trace time: it stays a literal
         return layout.call(node.impl.fn, node.impl.layout, args, attrs)
     with static_evaluation():
         return to_static(layout.channels_first_results(node.impl.fn(*args, **attrs)))
@@ -215,7 +222,8 @@ def call_function(node: "Node", args: list[Value], runtime: Runtime) -> tuple[Va
     for name in function.input[len(args):]:
         scope[name] = None
     scope.values.setdefault("", None)
-    run_nodes(body, scope, runtime)
+    with hoisting({}):  # a body's value names are its own: none of them is a program argument
+        run_nodes(body, scope, runtime)
     return tuple(lookup(scope, name, f"output of function {function.name!r}") for name in function.output)
 
 
