@@ -26,3 +26,17 @@ def test_gradient_with_respect_to_an_integer_input_is_an_error():
     engine = onnxtrain.load(model(graph, [helper.make_training_info(algorithm, [], None, None)]))
     with pytest.raises(NodeError, match=r"Gradient 'grad'.*xs input 'K' is int64"):
         engine.train_step({})
+
+
+@pytest.mark.parametrize("data", ["X", "C"])  # traced data: checked on the traced result; static: before running
+def test_a_result_too_large_for_any_device_is_refused_before_xla_sees_it(data):
+    """Expand to [2**63 - 1] aborted the whole process (SIGABRT from XLA's int64 size arithmetic)."""
+    nodes = [
+        helper.make_node("Constant", [], ["S"], value=tensor("S", np.array([2**63 - 1], np.int64))),
+        helper.make_node("Constant", [], ["C"], value=tensor("C", np.ones(1, np.float32))),
+        helper.make_node("Expand", [data, "S"], ["Y"], name="big"),
+    ]
+    graph = helper.make_graph(nodes, "g", [vi("X", TensorProto.FLOAT, [1])], [vi("Y", TensorProto.FLOAT, None)])
+    engine = onnxtrain.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), check=False)
+    with pytest.raises(NodeError, match=r"Expand 'big': output 'Y' would be float32\[9223372036854775807\]"):
+        engine.infer({"X": np.ones(1, np.float32)})
