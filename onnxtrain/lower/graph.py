@@ -17,6 +17,7 @@ from . import layout
 from .layout import channels_first, channels_first_results
 from .constants import hoisting, with_hoisted
 from .registry import schema_for
+from .typecheck import check_node
 from .values import Value, is_static, static_evaluation, to_static
 
 if TYPE_CHECKING:
@@ -176,6 +177,7 @@ def call_node(
 ) -> Any:
     from ..model import Graph
 
+    check_node(node, args)
     if node.impl is None:
         return call_function(node, [channels_first(a) for a in args], runtime)
     attrs = {
