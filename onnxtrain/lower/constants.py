@@ -2,7 +2,7 @@
 
 A float tensor that a graph computes from constants alone (a `Constant` node, a `ConstantOfShape` of a constant
 shape, arithmetic on those) is static while tracing, like every value known at trace time, and a traced op that
-read it used to compile it into the executable. Two reasons not to: XLA-CPU in jaxlib 0.10.1/0.10.2 miscompiles
+read it used to compile it into the executable. Two reasons not to: XLA-CPU in jaxlib 0.10.2 miscompiles
 a convolution whose filter is a splat constant when its result is reduced (a Conv over `ConstantOfShape`
 weights then GlobalAveragePool returned NaN or garbage: docs/known-upstream-bugs.md), and a weight compiled in
 makes the executable, and its persistent-cache entry, as large as the weight. So such values are computed once
