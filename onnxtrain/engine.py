@@ -26,6 +26,7 @@ from .cache import enable_compilation_cache
 from .dtypes import is_float
 from .errors import ModelLoadError, StateError, StepError
 from .feeds import FeedChecker, array_signature
+from .lower.constants import load_time_constants
 from .lower.graph import Runtime, Scope, run_graph, run_nodes
 from .model import Graph, ModelSource, ValueInfo, build_graph, check_model, model_resolver, raise_if_missing
 from .model import read_model
@@ -111,6 +112,10 @@ class Engine:
             self._main_consts = self._placement.put(main_traced)
             self._algorithm_consts = [self._placement.put(t) for _, t in split]
             self._state = self._placement.put(self._initial_state)
+            with tracing(matmul_precision, self._placement.platform):  # float constants: see lower/constants.py
+                hoisted = load_time_constants([self.graph, *(a.algorithm for a in self.algorithms)],
+                                              [self._main_static, *self._algorithm_static])
+            self._hoisted = [self._placement.put(h) for h in hoisted]  # main graph's, then each algorithm's
 
         self.required_inputs, self.optional_inputs = feed_lists([self.graph])
         self._infer_feeds = FeedChecker(self.required_inputs, self.optional_inputs)
@@ -119,7 +124,7 @@ class Engine:
         self._declared = {i.name: i for g in [self.graph] + [a.algorithm for a in self.algorithms] for i in g.inputs}
         self.matmul_precision = matmul_precision
         self._infer = Program(self._infer_body, self.graph.nodes, self._placement.platform,
-                              matmul_precision=matmul_precision)
+                              matmul_precision=matmul_precision, constants=self._hoisted[0])
         self._train = [self._train_program(a) for a in self.algorithms]
         self._init = Program(self._init_body, (), self._placement.platform, matmul_precision=matmul_precision)
 
@@ -159,7 +164,8 @@ class Engine:
             # the count only seeds random streams: a step that draws none leaves it as it is (one kernel less)
             return (self._placement.keep_layout(state), step + 1 if runtime.draws.any else step), outputs
 
-        return Program(body, nodes, self._placement.platform, donate=(0,), matmul_precision=self.matmul_precision)
+        return Program(body, nodes, self._placement.platform, donate=(0,), matmul_precision=self.matmul_precision,
+                       constants={**self._hoisted[0], **self._hoisted[1 + algorithm.index]})
 
     def _init_body(self, state, key, feeds, static_feeds):
         for algorithm in self.algorithms:

@@ -17,6 +17,7 @@ import numpy as np
 
 from .dtypes import host_only
 from .errors import StaticValueRequired
+from .lower.constants import hoisting
 from .lower.target import targeting
 from .model import Node
 
@@ -94,9 +95,10 @@ class Program:
 
     def __init__(
         self, body: Callable[..., Any], nodes: Sequence[Node], platform: str, donate: tuple = (),
-        matmul_precision: str = "highest",
+        matmul_precision: str = "highest", constants: Mapping[str, Any] | None = None,
     ):
         self.body = body
+        self.constants = dict(constants or {})  # lower/constants.py: passed as the first argument of every call
         self.platform = platform
         self.matmul_precision = matmul_precision
         self.nodes = nodes
@@ -111,26 +113,26 @@ class Program:
         fn = self.cache.get(key)
         if fn is None:
 
-            def traced(*arrays):
-                with tracing(self.matmul_precision, self.platform):
+            def traced(constants, *arrays):
+                with tracing(self.matmul_precision, self.platform), hoisting(constants):
                     state, outputs = self.body(*arrays, static)
                 self.trace_count += 1  # counted once complete: a trace that stops to specialise a feed is not one
                 host = {n: v for n, v in outputs.items() if host_only(v)}
                 self.host_outputs[key] = host
                 return state, {n: v for n, v in outputs.items() if n not in host}
 
-            self.cache[key] = jax.jit(traced, donate_argnums=self.donate)
+            self.cache[key] = jax.jit(traced, donate_argnums=tuple(i + 1 for i in self.donate))
         return self.cache[key], key
 
     def __call__(self, *arrays: Any, feeds: dict[str, Any]) -> Any:
         """`arrays` are positional pytrees; `feeds` is a dict of arrays split here into static and traced."""
-        (state, outputs), key = self._specialised(lambda fn, traced: fn(*arrays, traced), feeds)
+        (state, outputs), key = self._specialised(lambda fn, traced: fn(self.constants, *arrays, traced), feeds)
         host = self.host_outputs.get(key)
         return state, {**outputs, **host} if host else outputs
 
     def lower(self, *arrays: Any, feeds: dict[str, Any]) -> jax.stages.Lowered:
         """What a call with these arguments runs, lowered and not run (donated buffers stay valid)."""
-        return self._specialised(lambda fn, traced: fn.lower(*arrays, traced), feeds)[0]
+        return self._specialised(lambda fn, traced: fn.lower(self.constants, *arrays, traced), feeds)[0]
 
     def _specialised(self, use: Callable[[Callable, dict], Any], feeds: dict[str, Any]) -> tuple[Any, tuple]:
         """`use(jitted, traced feeds)` and the cache key, the jitted program specialised to the values of the

@@ -15,6 +15,9 @@ from onnx.backend.test.runner import Runner
 import onnxtrain.backend as backend
 
 MODEL_SUITES = ("simple", "pytorch-converted", "pytorch-operator")
+# ONNX's nine real architectures with constant weights, shipped in the wheel under data/light; onnx's loader calls
+# that suite "real" and its runner generates their inputs
+LIGHT_SUITE = "real"
 
 
 @functools.cache
@@ -28,7 +31,26 @@ def node_cases() -> dict[str, object]:
 
 @functools.cache
 def model_cases() -> dict[str, object]:
-    return {f"{suite}/{case.name}": case for suite in MODEL_SUITES for case in load_model_tests(kind=suite)}
+    cases = {f"{suite}/{case.name}": case for suite in MODEL_SUITES for case in load_model_tests(kind=suite)}
+    cases.update({f"light/{case.name}": case for case in load_model_tests(kind=LIGHT_SUITE)})
+    return cases
+
+
+def light_path(case) -> str:
+    """A light case's model file: its url is relative to the folder holding the onnx package."""
+    return os.path.join(os.path.dirname(os.path.dirname(onnx.__file__)), case.url)
+
+
+def light_data_set(case) -> tuple[list, list]:
+    """As onnx's runner makes it: each non-initializer input filled by Runner.generate_dummy_data (not random),
+    the expected outputs from the files shipped beside the model."""
+    model = onnx.load(light_path(case))
+    initialized = {i.name for i in model.graph.initializer}
+    inputs = [Runner.generate_dummy_data(i, seed=0, name=case.model_name, random=False)
+              for i in model.graph.input if i.name not in initialized]
+    prefix = os.path.splitext(light_path(case))[0]
+    outputs = [read_value(f"{prefix}_output_{i}.pb", o.type) for i, o in enumerate(model.graph.output)]
+    return inputs, outputs
 
 
 def all_case_names() -> list[str]:
@@ -54,6 +76,8 @@ def data_sets(case) -> list[tuple[list, list]]:
     if case.data_sets is not None:
         normalize = lambda v: numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v  # noqa: E731
         return [([normalize(v) for v in i], [normalize(v) for v in o]) for i, o in case.data_sets]
+    if case.model_dir is None:
+        return [light_data_set(case)]
     model = onnx.load(os.path.join(case.model_dir, "model.onnx"))
     sets = []
     for folder in sorted(glob.glob(os.path.join(case.model_dir, "test_data_set*"))):
@@ -70,6 +94,8 @@ def data_sets(case) -> list[tuple[list, list]]:
 def case_model(case) -> onnx.ModelProto:
     if case.model is not None:
         return case.model
+    if case.model_dir is None:
+        return onnx.load(light_path(case))
     return onnx.load(os.path.join(case.model_dir, "model.onnx"))
 
 

@@ -7,6 +7,11 @@ _NUMPY_GLOBAL_RANDOM = (
 )
 
 KNOWN_FAILURES: dict[str, str] = {
+    "light/test_squeezenet": (
+        "its constant 0.02 weights make logits of ~1e10, all equal; XLA-CPU fuses the mean before Softmax into both "
+        "the max and the exponential with different rounding (a fused multiply-add), so x - max(x) is +-512 and "
+        "the result NaN; plain jax.jit(softmax(mean(x))) does the same (docs/known-upstream-bugs.md)"
+    ),
     **{name: _NUMPY_GLOBAL_RANDOM + " (test_random.py)" for name in (
         "test_bernoulli", "test_bernoulli_double", "test_bernoulli_double_expanded", "test_bernoulli_expanded",
         "test_bernoulli_seed", "test_bernoulli_seed_expanded",

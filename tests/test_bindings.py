@@ -64,6 +64,10 @@ CASES = {
         ),
         "an initialization graph has no input",
     ),
+    "algorithm initializer redefining a main-graph initializer": (
+        lambda m: m.training_info[0].algorithm.initializer.append(tensor("W", np.ones((2, 1), np.float32))),
+        "training_info[0].algorithm: initializer 'W' is already defined by ModelProto.graph",
+    ),
     "update key bound by two TrainingInfoProtos": (
         lambda m: m.training_info.append(m.training_info[0]),
         "already updated by training_info[0]",
@@ -102,3 +106,15 @@ def test_unknown_algorithm_index():
     engine = onnxtrain.load(base())
     with pytest.raises(StateError, match="algorithm 3 does not exist"):
         engine.train_step({"X": np.zeros((1, 2), np.float32), "T": np.zeros((1, 1), np.float32)}, algorithm=3)
+
+
+def test_an_empty_algorithm_graph_is_a_step_that_updates_nothing():
+    """onnx.proto: the algorithm "is an empty graph" by default, and "evaluating the default training step never
+    update any initializers"."""
+    m = base()
+    m.training_info.add()
+    engine = onnxtrain.load(m)
+    x = np.array([[1.0, 2.0]], np.float32)
+    outputs = engine.train_step({"X": x}, algorithm=1)
+    np.testing.assert_array_equal(np.asarray(outputs["Y"]), np.zeros((1, 1), np.float32))
+    np.testing.assert_array_equal(np.asarray(engine.state["W"]), np.zeros((2, 1), np.float32))

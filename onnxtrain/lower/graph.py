@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
@@ -13,8 +14,10 @@ import onnx
 
 from ..errors import NodeError, OnnxTrainError, StaticValueRequired
 from . import layout
-from .layout import channels_first
+from .layout import channels_first, channels_first_results
+from .constants import hoisting, with_hoisted
 from .registry import schema_for
+from .typecheck import check_node
 from .values import Value, is_static, static_evaluation, to_static
 
 if TYPE_CHECKING:
@@ -151,6 +154,7 @@ def run_node(node: "Node", scope: Scope, runtime: Runtime, siblings: Sequence["N
         raise NodeError(f"{node.label}: {type(exc).__name__}: {exc}") from exc
     if not isinstance(results, tuple):  # a list is one value (an ONNX sequence); a tuple is several outputs
         results = (results,)
+    check_sizes(node, results)
     wanted = [i for i, name in enumerate(node.outputs) if name]
     if wanted and wanted[-1] >= len(results):
         raise NodeError(f"{node.label}: produced {len(results)} outputs, the model asks for {len(node.outputs)}")
@@ -173,6 +177,7 @@ def call_node(
 ) -> Any:
     from ..model import Graph
 
+    check_node(node, args)
     if node.impl is None:
         return call_function(node, [channels_first(a) for a in args], runtime)
     attrs = {
@@ -185,10 +190,57 @@ def call_node(
         attrs["ctx"] = NodeContext(node, scope, runtime, siblings, position)
     while args and args[-1] is None:  # absent trailing optional inputs take the implementation's defaults
         args.pop()
+    if is_static(*args) and any(holds_huge_number(a) for a in args):
+        check_sizes(node, abstract_results(node, args, attrs))  # before running it: see check_sizes
     if not is_static(*args):
+        hoisted = with_hoisted(node, args)
+        if hoisted is not args:
+            try:
+                return layout.call(node.impl.fn, node.impl.layout, hoisted, attrs)
+            except StaticValueRequired:
+                pass  # the op reads that constant at trace time: it stays a literal
         return layout.call(node.impl.fn, node.impl.layout, args, attrs)
     with static_evaluation():
         return to_static(layout.channels_first_results(node.impl.fn(*args, **attrs)))
+
+
+# Values over this size are refused before XLA sees them: a shape whose byte size overflows XLA's int64 extent
+# arithmetic aborts the whole process (SIGABRT, e.g. Expand to [2**63-1]). No device holds 256 TiB anyway.
+MAX_VALUE_BYTES = 2**48
+
+
+def check_sizes(node: "Node", results: Sequence[Value]) -> None:
+    """NodeError for a result larger than MAX_VALUE_BYTES. Tracing only builds shapes, so a traced node is checked
+    on its results; a static one runs eagerly (XLA compiles it at once), so it is checked on `abstract_results`."""
+    for name, value in zip(node.outputs, results):
+        for tensor in value if isinstance(value, list) else [value]:
+            shape, dtype = getattr(tensor, "shape", None), getattr(tensor, "dtype", None)
+            if shape is None or dtype is None:
+                continue
+            size = np.dtype(dtype).itemsize * math.prod(int(d) for d in shape)
+            if size > MAX_VALUE_BYTES:
+                raise NodeError(f"{node.label}: output {name!r} would be {np.dtype(dtype).name}{list(shape)}, "
+                                f"{size:.3g} bytes: more than any device holds (the limit is 2**48 bytes)")
+
+
+def holds_huge_number(value: Value) -> bool:
+    """A small static numeric input (a shape, sizes, repeats, a range limit: at most 64 numbers) with an element
+    too large to be a real tensor's dimension, so that the result may be huge."""
+    if isinstance(value, list):
+        return any(holds_huge_number(v) for v in value)
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "iuf" or not 0 < value.size <= 64:
+        return False
+    return bool(np.max(np.abs(value.astype(np.float64))) >= 2**31)
+
+
+def abstract_results(node: "Node", args: list[Value], attrs: dict[str, Any]) -> tuple:
+    """The node's results as shapes and dtypes, traced (its inputs stay NumPy: static() reads them) but not run.
+    Nothing for an op that fails to trace so: the real call reports its error."""
+    try:
+        results = jax.eval_shape(lambda: channels_first_results(node.impl.fn(*args, **attrs)))
+    except Exception:  # noqa: BLE001 - the real call reports any error of the op itself
+        return ()
+    return results if isinstance(results, tuple) else (results,)
 
 
 def is_graph_list(value: Any) -> bool:
@@ -215,7 +267,8 @@ def call_function(node: "Node", args: list[Value], runtime: Runtime) -> tuple[Va
     for name in function.input[len(args):]:
         scope[name] = None
     scope.values.setdefault("", None)
-    run_nodes(body, scope, runtime)
+    with hoisting({}):  # a body's value names are its own: none of them is a program argument
+        run_nodes(body, scope, runtime)
     return tuple(lookup(scope, name, f"output of function {function.name!r}") for name in function.output)
 
 

@@ -7,6 +7,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
+from ..dtypes import is_float
 from ..errors import NodeError
 from .graph import NodeContext, Scope, run_node
 from .registry import TRAINING_DOMAIN, op
@@ -61,6 +62,10 @@ def gradient(*inputs, xs: Sequence[str], y: str, zs: Sequence[str] = (), ctx: No
     xs, zs = list(xs), list(zs)
     if len(inputs) != len(xs) + len(zs):
         raise NodeError(f"{ctx.node.label}: takes {len(xs) + len(zs)} inputs (xs then zs), got {len(inputs)}")
+    for name, x in zip(xs, inputs):
+        if not is_float(jnp.result_type(x)):
+            raise NodeError(f"{ctx.node.label}: xs input {name!r} is {jnp.result_type(x)}: a gradient is taken with "
+                            "respect to float tensors only")
     positions = differentiated_slice(ctx, set(xs) | set(zs), y)
     if y not in xs and not any(y in ctx.siblings[i].outputs for i in positions):
         raise NodeError(f"{ctx.node.label}: y={y!r} is not computed from xs={xs} / zs={zs}")

@@ -37,9 +37,17 @@ def parse_training_info(model: onnx.ModelProto, main: Graph, resolver: Resolver)
     algorithms = []
     updated_by: dict[str, int] = {}
     main_outputs = {o.name for o in main.outputs}
+    main_names = defined_names(main)
     for index, info in enumerate(model.training_info):
         where = f"training_info[{index}]"
         algorithm = build_graph(info.algorithm, resolver)
+        for name in algorithm.initializers:
+            if name in main_names:
+                raise BindingError(
+                    f"{where}.algorithm: initializer {name!r} is already defined by ModelProto.graph (the training "
+                    f"graph concatenates both, and it \"must satisfy the normal ONNX conditions\": one definition "
+                    f"per name)"
+                )
         has_init = info.HasField("initialization") and (
             len(info.initialization.node) or len(info.initialization.output)
         )
@@ -87,6 +95,12 @@ def parse_training_info(model: onnx.ModelProto, main: Graph, resolver: Resolver)
             updated_by[key] = index
         algorithms.append(Algorithm(index, initialization, init_binding, algorithm, update_binding))
     return algorithms
+
+
+def defined_names(graph: Graph) -> set[str]:
+    """The names a graph defines: its inputs, initializers and node outputs."""
+    names = {i.name for i in graph.inputs} | set(graph.initializers)
+    return names | {name for node in graph.nodes for name in node.outputs if name}
 
 
 def state_owners(main: Graph, algorithms: list[Algorithm]) -> dict[str, int | None]:

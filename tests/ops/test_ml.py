@@ -162,7 +162,7 @@ def test_array_feature_extractor_traced_indices_compile_once_and_range_check():
 
 def test_feature_vectorizer_cuts_pads_and_casts():
     # The spec (and ONNX Runtime) read a 1-D input as [1, C]; ONNX's reference reads it as [C, 1].
-    a = np.array([[1, 2, 3], [4, 5, 6]], np.int64)
+    a = np.array([[1, 2, 3], [4, 5, 6]], np.float64)  # the schema: all inputs of one element type
     b = np.array([[0.5], [1.5]], np.float64)
     (got,) = ours("FeatureVectorizer", {"a": a, "b": b}, inputdimensions=[2, 3])
     np.testing.assert_array_equal(got, [[1, 2, 0.5, 0, 0], [4, 5, 1.5, 0, 0]])

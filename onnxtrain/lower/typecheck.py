@@ -1,0 +1,91 @@
+"""A node's inputs against its schema's type constraints, and an If's branches against its outputs, checked as
+the walker reaches the node.
+
+JAX promotes mixed dtypes silently (an int64 X times float weights gives floats), so a model that every ONNX
+runtime refuses (ONNX Runtime: "Type parameter (T) of Optype (Gemm) bound to different types") would run and
+return numbers. The schema says which element types each input takes, and which inputs share one type parameter.
+An If whose cond is known at trace time runs one branch only, so branches that disagree went unnoticed.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import onnx
+
+from ..dtypes import onnx_type
+from ..errors import NodeError
+from .layout import ChannelsLast
+from .registry import schema_for
+from .values import Value
+
+if TYPE_CHECKING:
+    from ..model import Node
+
+
+@functools.cache
+def constraints(domain: str, op_type: str, opset: int) -> tuple[tuple[str, frozenset[str] | None, bool], ...]:
+    """Per formal input: (type parameter or fixed type, the allowed type strings (None for a fixed type), whether
+    the inputs it stands for share one type); empty without a schema."""
+    schema = schema_for(domain, op_type, opset)
+    if schema is None:
+        return ()
+    allowed = {c.type_param_str: frozenset(c.allowed_type_strs) for c in schema.type_constraints}
+    return tuple((f.type_str, allowed.get(f.type_str), f.is_homogeneous) for f in schema.inputs)
+
+
+def type_string(value: Value) -> str | None:
+    """"tensor(float)" for a tensor value, None for what is not one (a sequence, an absent input)."""
+    data = value.data if isinstance(value, ChannelsLast) else value
+    dtype = getattr(data, "dtype", None)
+    if dtype is None or isinstance(value, list):
+        return None
+    return f"tensor({onnx.TensorProto.DataType.Name(onnx_type(np.dtype(dtype))).lower()})"
+
+
+# ops whose graph attributes each produce exactly the node's outputs, with the same element types
+BRANCHES = {("", "If"): ("then_branch", "else_branch")}
+
+
+def check_node(node: "Node", args: Sequence[Value]) -> None:
+    check_branches(node)
+    check_input_types(node, args)
+
+
+def check_branches(node: "Node") -> None:
+    names = BRANCHES.get((node.domain, node.op_type), ())
+    branches = [(name, node.attributes[name]) for name in names if name in node.attributes]
+    for name, graph in branches:
+        if len(graph.outputs) != len(node.outputs):
+            raise NodeError(f"{node.label}: {name} has {len(graph.outputs)} outputs, the node {len(node.outputs)}")
+    for k, infos in enumerate(zip(*(graph.outputs for _, graph in branches))):
+        types = {info.elem_type for info in infos if info.elem_type}  # 0/None: not declared
+        if len(types) > 1:
+            described = ", ".join(f"{name} {info.name!r} is {onnx.TensorProto.DataType.Name(info.elem_type).lower()}"
+                                  for (name, _), info in zip(branches, infos) if info.elem_type)
+            raise NodeError(f"{node.label}: output {k} differs in element type between the branches ({described})")
+
+
+def check_input_types(node: "Node", args: Sequence[Value]) -> None:
+    formals = constraints(node.domain, node.op_type, node.opset)
+    if not formals:
+        return
+    bound: dict[str, tuple[str, int]] = {}  # type parameter -> (type, first input binding it)
+    for i, (name, value) in enumerate(zip(node.inputs, args)):
+        param, allowed, homogeneous = formals[min(i, len(formals) - 1)]  # a variadic last input repeats
+        actual = type_string(value)
+        if actual is None:
+            continue
+        if allowed is None:  # a fixed type, e.g. Reshape's shape: tensor(int64)
+            allowed = frozenset({param})
+        if not any(t in allowed for t in (actual, f"optional({actual})")):
+            raise NodeError(f"{node.label}: input {i} ({name!r}) is {actual}, which the schema's type {param} "
+                            f"does not allow ({', '.join(sorted(allowed))})")
+        if len(allowed) == 1 or not homogeneous:
+            continue
+        first = bound.setdefault(param, (actual, i))
+        if first[0] != actual:
+            raise NodeError(f"{node.label}: input {i} ({name!r}) is {actual} but input {first[1]} "
+                            f"({node.inputs[first[1]]!r}) is {first[0]}; both have the schema's type {param}")

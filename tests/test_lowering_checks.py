@@ -1,0 +1,86 @@
+"""Invalid graphs the lowering rejects with a NodeError naming the node, where XLA would crash or a wrong value
+would come out."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import onnxtrain
+from onnxtrain.errors import NodeError
+from training_models import TRAINING, model, tensor, vi
+
+
+def test_gradient_with_respect_to_an_integer_input_is_an_error():
+    """docs/semantics.md: integer xs are an error (JAX would return a float0 array)."""
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["K"], ["F"], to=TensorProto.FLOAT),
+         helper.make_node("ReduceSum", ["F"], ["O"], keepdims=0)],
+        "g", [], [vi("O", TensorProto.FLOAT, [])], [tensor("K", np.array([1, 2, 3], np.int64))],
+    )
+    algorithm = helper.make_graph(
+        [helper.make_node("Gradient", ["K"], ["G"], domain=TRAINING, name="grad", xs=["K"], y="O")],
+        "a", [], [vi("G", TensorProto.INT64, [3])],
+    )
+    engine = onnxtrain.load(model(graph, [helper.make_training_info(algorithm, [], None, None)]))
+    with pytest.raises(NodeError, match=r"Gradient 'grad'.*xs input 'K' is int64"):
+        engine.train_step({})
+
+
+@pytest.mark.parametrize("data", ["X", "C"])  # traced data: checked on the traced result; static: before running
+def test_a_result_too_large_for_any_device_is_refused_before_xla_sees_it(data):
+    """Expand to [2**63 - 1] aborted the whole process (SIGABRT from XLA's int64 size arithmetic)."""
+    nodes = [
+        helper.make_node("Constant", [], ["S"], value=tensor("S", np.array([2**63 - 1], np.int64))),
+        helper.make_node("Constant", [], ["C"], value=tensor("C", np.ones(1, np.float32))),
+        helper.make_node("Expand", [data, "S"], ["Y"], name="big"),
+    ]
+    graph = helper.make_graph(nodes, "g", [vi("X", TensorProto.FLOAT, [1])], [vi("Y", TensorProto.FLOAT, None)])
+    engine = onnxtrain.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), check=False)
+    with pytest.raises(NodeError, match=r"Expand 'big': output 'Y' would be float32\[9223372036854775807\]"):
+        engine.infer({"X": np.ones(1, np.float32)})
+
+
+def test_inputs_bound_to_one_type_parameter_must_agree():
+    """X retyped to int64 into Gemm with float weights: ONNX Runtime refuses the model ("Type parameter (T) ...
+    bound to different types"); JAX would promote and return floats."""
+    graph = helper.make_graph([helper.make_node("Gemm", ["X", "W"], ["Y"], name="fc", transB=1)], "g",
+                              [vi("X", TensorProto.INT64, [2, 3])], [vi("Y", TensorProto.FLOAT, [2, 4])],
+                              [tensor("W", np.ones((4, 3), np.float32))])
+    engine = onnxtrain.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.raises(NodeError, match=r"Gemm 'fc': input 1 \('W'\) is tensor\(float\) but input 0 \('X'\) is "
+                                        r"tensor\(int64\)"):
+        engine.infer({"X": np.ones((2, 3), np.int64)})
+
+
+def test_an_input_type_the_schema_does_not_allow():
+    graph = helper.make_graph([helper.make_node("Relu", ["X"], ["Y"], name="act")], "g",
+                              [vi("X", TensorProto.BOOL, [2])], [vi("Y", TensorProto.BOOL, [2])])
+    engine = onnxtrain.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), check=False)
+    with pytest.raises(NodeError, match=r"Relu 'act': input 0 \('X'\) is tensor\(bool\), which the schema's type T"):
+        engine.infer({"X": np.ones(2, bool)})
+
+
+def if_model(then_types, else_types):
+    def branch(name, dtypes):
+        nodes = [helper.make_node("Constant", [], [f"{name}{i}"], value=tensor(f"{name}{i}", np.ones(1, d)))
+                 for i, d in enumerate(dtypes)]
+        outputs = [vi(f"{name}{i}", helper.np_dtype_to_tensor_dtype(np.dtype(d)), [1]) for i, d in enumerate(dtypes)]
+        return helper.make_graph(nodes, name, [], outputs)
+
+    node = helper.make_node("If", ["C"], ["Y"], name="choose", then_branch=branch("t", then_types),
+                            else_branch=branch("e", else_types))
+    graph = helper.make_graph([node], "g", [vi("C", TensorProto.BOOL, [])], [vi("Y", TensorProto.FLOAT, [1])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("else_types, message", [
+    ((np.float32, np.float32), "else_branch has 2 outputs, the node 1"),
+    ((np.int64,), "output 0 differs in element type between the branches"),
+])
+def test_if_branches_must_agree(else_types, message):
+    """Checked before either branch runs: with a cond known at trace time only one would."""
+    engine = onnxtrain.load(if_model((np.float32,), else_types), check=False)
+    with pytest.raises(NodeError, match=f"If 'choose': {message}"):
+        engine.infer({"C": np.array(True)})
