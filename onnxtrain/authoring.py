@@ -190,7 +190,7 @@ def make_trainable(
 
     `trainable`: None (the default) trains the model's parameters: every float initializer except the constants
     an exporter stores beside them (onnxtrain/parameters.py: BatchNormalization's running statistics, exponents,
-    one-element operands of elementwise arithmetic, mask fill values); a string trains the parameters whose names
+    0-d operands of elementwise arithmetic, mask fill values); a string trains the parameters whose names
     match it as a regular expression; a list of names trains exactly those (e.g. a PyTorch module's parameter
     names when exported with dynamo=True, optimize=False). A ParameterizationWarning says where the exporter
     merged, untied or broadcast parameters. `loss`: "mse", "bce_logits", "cross_entropy" (int64 labels;

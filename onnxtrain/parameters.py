@@ -32,8 +32,8 @@ CONSTANT_INPUTS = {
     ("Resize", 1), ("Resize", 2), ("Upsample", 1),  # region of interest, scales
     ("Range", 0), ("Range", 1), ("Range", 2),
 }
-# Ops whose one-element float operand is a lifted constant (a scale, a shift, a fill value), not a parameter:
-# PyTorch's scalar parameters (a logit scale, a PReLU slope) reach other ops (Exp, PRelu) first
+# Ops whose 0-d float operand is a lifted constant (a scale, a shift, a fill value), not a parameter. A 0-d
+# parameter usually reaches another op first (a logit scale: Exp); a one-element bias (Linear(n, 1)) is 1-d
 ELEMENTWISE_OPS = {
     "Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Mod", "Sum", "Mean", "Clip",
     "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
@@ -75,8 +75,8 @@ def constant_reason(value: np.ndarray, used: list[Use]) -> str | None:
     """Why an initializer read at `used` is a constant rather than a parameter; None for a parameter."""
     if used and all(use in CONSTANT_INPUTS for use in used):
         return f"read only as {', '.join(sorted({f'{op} input {i}' for op, i in used}))}"
-    if value.size <= 1 and used and all(op in ELEMENTWISE_OPS for op, _ in used):
-        return "a one-element operand of elementwise arithmetic"
+    if value.ndim == 0 and used and all(op in ELEMENTWISE_OPS for op, _ in used):
+        return "a 0-d operand of elementwise arithmetic"
     if value.size and not np.all(np.abs(value.astype(np.float64)) < MASK_MAGNITUDE):
         return "holds infinite or mask-fill values"
     return None

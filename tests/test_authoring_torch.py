@@ -135,6 +135,20 @@ def test_mlp_trains_like_pytorch_with_bce(exporter):
                                F.binary_cross_entropy_with_logits, loss="bce_logits")
 
 
+def test_one_output_regression_head_trains_its_one_element_bias():
+    """Linear(4, 1) on [batch, seq, 4]: the dynamo exporter adds its bias [1] with an Add, where its lifted
+    constants are 0-d; the bias is a parameter and trains."""
+    torch.manual_seed(0)
+    module = perturbed(torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1)))
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(2, 3, 4)).astype(np.float32)
+    target = rng.normal(size=(2, 3, 1)).astype(np.float32)
+    model = export(module, torch.from_numpy(x), "dynamo")
+    assert ("Add", [1]) in [(n.op_type, list(onnx.numpy_helper.to_array(t).shape)) for n in model.graph.node
+                            for t in model.graph.initializer if t.name in n.input]
+    assert_trains_like_pytorch(module, model, x, target, F.mse_loss, loss="mse")
+
+
 def lm_batch():
     rng = np.random.default_rng(2)
     ids = rng.integers(0, 64, size=(2, 8)).astype(np.int64)
