@@ -4,8 +4,11 @@ from . import errors
 from .authoring import make_trainable
 from .engine import Engine, export_params, jax_function, load
 from .loop import History, array_batches, fit
+from .parameters import ParameterizationWarning
+from .pytorch import from_torch
 
 __all__ = [
     "Engine", "History", "array_batches", "errors", "export_params", "fit", "jax_function", "load", "make_trainable",
+    "ParameterizationWarning", "from_torch",
 ]
 __version__ = "0.1.0"

@@ -4,7 +4,7 @@ algorithm initializers, and an initialization graph that resets the optimizer (a
 
 from __future__ import annotations
 
-import re
+import math
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -12,12 +12,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .errors import OnnxTrainError
+from .errors import AuthoringError
 from .lower.registry import TRAINING_DOMAIN
+from .parameters import FLOAT_TYPES, running_statistics, select_trainable  # noqa: F401 (running_statistics: API)
 
 LOSSES = ("mse", "cross_entropy", "bce_logits")
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "adam")
-FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 LEARNING_RATE = "learning_rate"  # an algorithm input with a default: feed it to schedule the rate
 STEP = "train.step"
 
@@ -51,74 +51,93 @@ class Builder:
         self.init_bindings.append((name, f"{name}.init"))
 
 
-def running_statistics(graph: onnx.GraphProto) -> set[str]:
-    """The running mean and variance inputs of the graph's BatchNormalization nodes (subgraphs included)."""
-    names: set[str] = set()
-    for node in graph.node:
-        if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx"):
-            names.update(node.input[3:5])
-        for attribute in node.attribute:
-            for sub in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
-                names |= running_statistics(sub)
-    return names
-
-
-def select_trainable(model: onnx.ModelProto, trainable: str | Iterable[str] | None) -> list[str]:
-    """Float initializers: all of them (None) or those matching a pattern, less BatchNormalization's running
-    statistics (averages of activations, not parameters a gradient should move); or exactly the names given."""
-    floats = [t.name for t in model.graph.initializer if t.data_type in FLOAT_TYPES]
-    if trainable is None or isinstance(trainable, str):
-        statistics = running_statistics(model.graph)
-        chosen = [n for n in floats if n not in statistics and (trainable is None or re.fullmatch(trainable, n))]
-    else:
-        chosen = list(trainable)
-        unknown = sorted(set(chosen) - set(floats))
-        if unknown:
-            raise OnnxTrainError(f"trainable: {unknown} are not float initializers of the model")
-    if not chosen:
-        raise OnnxTrainError(f"trainable: no float initializer matches {trainable!r}")
-    return chosen
-
-
-def tensor_type(graph: onnx.GraphProto, name: str) -> onnx.TypeProto:
+def tensor_type(graph: onnx.GraphProto, name: str, role: str) -> onnx.TypeProto:
     for value in list(graph.output) + list(graph.input) + list(graph.value_info):
         if value.name == name:
             return value.type
-    raise OnnxTrainError(f"{name!r} is not a declared output of the model")
+    outputs = [o.name for o in graph.output]
+    raise AuthoringError(f"{role} {name!r} is not a declared output of the model (outputs: {outputs})")
 
 
-def add_loss(b: Builder, graph: onnx.GraphProto, loss: str, prediction: str, ignore_index: int | None) -> list:
-    """Append loss nodes producing `loss`; returns the algorithm inputs (the target, if any)."""
-    pred_type = tensor_type(graph, prediction)
+def float_tensor(graph: onnx.GraphProto, name: str, role: str) -> onnx.TypeProto:
+    """The declared type of `name`, which must be a float tensor: losses and gradients need floats."""
+    value_type = tensor_type(graph, name, role)
+    elem = value_type.tensor_type.elem_type if value_type.HasField("tensor_type") else None
+    if elem not in FLOAT_TYPES:
+        kind = TensorProto.DataType.Name(elem).lower() if elem else "not a tensor"
+        raise AuthoringError(f"{role} {name!r} is {kind}; the loss needs a float tensor")
+    return value_type
+
+
+def dims(value_type: onnx.TypeProto) -> list[int | str | None] | None:
+    """Declared dimensions (size, symbol or None), or None when the rank is unknown."""
+    if not value_type.tensor_type.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else d.dim_param or None for d in value_type.tensor_type.shape.dim]
+
+
+def add_loss(b: Builder, graph: onnx.GraphProto, loss: str, prediction: str, ignore_index: int | None,
+             class_axis: int | None) -> list[onnx.ValueInfoProto]:
+    """Append loss nodes producing `loss`; returns the algorithm inputs (the target, if any). The options are
+    checked against the declared output first, so a mismatch fails here rather than at the first step."""
+    if loss not in LOSSES and not loss.startswith("output:"):
+        raise AuthoringError(f"loss must be one of {LOSSES} or 'output:NAME', got {loss!r}")
+    if loss != "cross_entropy" and (ignore_index is not None or class_axis is not None):
+        raise AuthoringError(f"ignore_index and class_axis apply to loss='cross_entropy', not {loss!r}")
     if loss.startswith("output:"):
         name = loss.partition(":")[2]
-        tensor_type(graph, name)
-        b.node("ReduceSum", [name], ["loss"], keepdims=0)
+        float_tensor(graph, name, "loss output")
+        b.node("ReduceSum", [name], ["loss"], keepdims=0)  # a scalar stays as it is; a vector is summed
         return []
+    pred_type = float_tensor(graph, prediction, "prediction")
     if loss == "mse":
         b.node("Sub", [prediction, "target"], ["loss.diff"])
         b.node("Mul", ["loss.diff", "loss.diff"], ["loss.sq"])
         b.node("ReduceMean", ["loss.sq"], ["loss"], keepdims=0)
         return [helper.make_value_info("target", pred_type)]
     if loss == "cross_entropy":
-        extra = {} if ignore_index is None else {"ignore_index": ignore_index}
-        b.node("SoftmaxCrossEntropyLoss", [prediction, "target"], ["loss"], reduction="mean", **extra)
-        rank = len(pred_type.tensor_type.shape.dim)
-        dims = [d.dim_param or d.dim_value or None for d in pred_type.tensor_type.shape.dim]
-        label_shape = [dims[0]] + dims[2:] if rank else None
-        return [helper.make_tensor_value_info("target", TensorProto.INT64, label_shape)]
-    if loss == "bce_logits":
-        # mean(max(x, 0) - x * t + log(1 + exp(-|x|))): the overflow-free form of BCE on logits
-        b.node("Relu", [prediction], ["loss.pos"])
-        b.node("Mul", [prediction, "target"], ["loss.xt"])
-        b.node("Abs", [prediction], ["loss.abs"])
-        b.node("Neg", ["loss.abs"], ["loss.negabs"])
-        b.node("Softplus", ["loss.negabs"], ["loss.log1p"])
-        b.node("Sub", ["loss.pos", "loss.xt"], ["loss.a"])
-        b.node("Add", ["loss.a", "loss.log1p"], ["loss.each"])
-        b.node("ReduceMean", ["loss.each"], ["loss"], keepdims=0)
-        return [helper.make_value_info("target", pred_type)]
-    raise OnnxTrainError(f"loss must be one of {LOSSES} or 'output:NAME', got {loss!r}")
+        return add_cross_entropy(b, prediction, dims(pred_type), ignore_index, 1 if class_axis is None else class_axis)
+    # bce_logits: mean(max(x, 0) - x * t + log(1 + exp(-|x|))), the overflow-free form of BCE on logits
+    b.node("Relu", [prediction], ["loss.pos"])
+    b.node("Mul", [prediction, "target"], ["loss.xt"])
+    b.node("Abs", [prediction], ["loss.abs"])
+    b.node("Neg", ["loss.abs"], ["loss.negabs"])
+    b.node("Softplus", ["loss.negabs"], ["loss.log1p"])
+    b.node("Sub", ["loss.pos", "loss.xt"], ["loss.a"])
+    b.node("Add", ["loss.a", "loss.log1p"], ["loss.each"])
+    b.node("ReduceMean", ["loss.each"], ["loss"], keepdims=0)
+    return [helper.make_value_info("target", pred_type)]
+
+
+def add_cross_entropy(b: Builder, prediction: str, shape: list | None, ignore_index: int | None,
+                      class_axis: int) -> list[onnx.ValueInfoProto]:
+    """Softmax cross-entropy over `class_axis` of the scores against int64 class labels (the scores' shape less
+    that axis), averaged over the labels that are not `ignore_index`, as torch.nn.functional.cross_entropy.
+    SoftmaxCrossEntropyLoss wants the classes on axis 1, so another class axis is transposed there first."""
+    if shape is None:
+        if class_axis != 1:
+            raise AuthoringError(f"class_axis={class_axis}: prediction {prediction!r} has no declared rank")
+        label_shape = None
+    else:
+        rank = len(shape)
+        if rank < 2:
+            raise AuthoringError(f"loss='cross_entropy' needs scores [batch, classes, ...]; prediction "
+                                 f"{prediction!r} has rank {rank}")
+        if not -rank <= class_axis < rank or class_axis % rank == 0:
+            raise AuthoringError(f"class_axis={class_axis} is not a class axis of prediction {prediction!r} of "
+                                 f"rank {rank} (axis 0 is the batch)")
+        class_axis %= rank
+        if shape[class_axis] == 1:
+            raise AuthoringError(f"prediction {prediction!r} has one class on axis {class_axis}: cross-entropy over "
+                                 f"one class is always 0 (use loss='bce_logits' for one logit per example)")
+        label_shape = shape[:class_axis] + shape[class_axis + 1:]
+        if class_axis != 1:
+            perm = [0, class_axis] + [a for a in range(1, rank) if a != class_axis]
+            b.node("Transpose", [prediction], ["loss.scores"], perm=perm)
+            prediction = "loss.scores"
+    extra = {} if ignore_index is None else {"ignore_index": ignore_index}
+    b.node("SoftmaxCrossEntropyLoss", [prediction, "target"], ["loss"], reduction="mean", **extra)
+    return [helper.make_tensor_value_info("target", TensorProto.INT64, label_shape)]
 
 
 def add_optimizer(b: Builder, params: list[str], weights: dict[str, np.ndarray], optimizer: str, options: dict):
@@ -162,24 +181,36 @@ def make_trainable(
     trainable: str | Iterable[str] | None = None,
     prediction: str | None = None,
     ignore_index: int | None = None,
+    class_axis: int | None = None,
     reinitialize: bool = False,
     **optimizer_options: float,
 ) -> onnx.ModelProto:
-    """A copy of `model` carrying one TrainingInfoProto that trains `trainable` (default: every float
-    initializer but BatchNormalization's running statistics, which stay as they are) on `loss` between
-    `prediction` (default: the first graph output) and an algorithm input `target`. The rate is the algorithm
-    input `learning_rate`, whose initializer is the default: feed it to schedule. `optimizer_options` are the
-    optimizer op's attributes (alpha, beta, epsilon, norm_coefficient...)."""
+    """A copy of `model` carrying one TrainingInfoProto that trains `trainable` on `loss` between `prediction`
+    (default: the first graph output) and an algorithm input `target`.
+
+    `trainable`: None (the default) trains the model's parameters: every float initializer except the constants
+    an exporter stores beside them (onnxtrain/parameters.py: BatchNormalization's running statistics, exponents,
+    0-d operands of elementwise arithmetic, mask fill values); a string trains the parameters whose names
+    match it as a regular expression; a list of names trains exactly those (e.g. a PyTorch module's parameter
+    names when exported with dynamo=True, optimize=False). A ParameterizationWarning says where the exporter
+    merged, untied or broadcast parameters. `loss`: "mse", "bce_logits", "cross_entropy" (int64 labels;
+    `class_axis` where the scores hold the classes, default 1 as in PyTorch, -1 for [batch, seq, vocab] logits;
+    `ignore_index` labels, e.g. Hugging Face's -100, count in neither sum nor mean) or "output:NAME" (a model
+    output that is already the loss). The rate is the algorithm input `learning_rate`, whose initializer is the
+    default: feed it to schedule. `optimizer_options` are the optimizer op's attributes (alpha, beta, epsilon,
+    norm_coefficient...)."""
     if optimizer not in OPTIMIZERS:
-        raise OnnxTrainError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+        raise AuthoringError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    if not (isinstance(learning_rate, (int, float)) and math.isfinite(learning_rate) and learning_rate >= 0):
+        raise AuthoringError(f"learning_rate must be a finite number >= 0, got {learning_rate!r}")
     result = onnx.ModelProto()
     result.CopyFrom(model)
     graph = result.graph
     prediction = prediction or graph.output[0].name
+    b = Builder()
+    inputs = add_loss(b, graph, loss, prediction, ignore_index, class_axis)
     params = select_trainable(result, trainable)
     weights = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    b = Builder()
-    inputs = add_loss(b, graph, loss, prediction, ignore_index)
     add_optimizer(b, params, weights, optimizer, dict(optimizer_options))
     b.initializers.append(numpy_helper.from_array(np.asarray(learning_rate, np.float32), LEARNING_RATE))
     inputs.append(helper.make_tensor_value_info(LEARNING_RATE, TensorProto.FLOAT, []))

@@ -136,7 +136,8 @@ def cmd_make_trainable(args: argparse.Namespace) -> None:
     given = (("alpha", args.alpha), ("beta", args.beta), ("epsilon", args.epsilon))
     options = {k: v for k, v in given if v is not None}
     trainable = make_trainable(model, loss=args.loss, optimizer=args.optimizer, learning_rate=args.lr,
-                               trainable=args.trainable, reinitialize=args.reinitialize, **options)
+                               trainable=args.trainable, prediction=args.prediction, ignore_index=args.ignore_index,
+                               class_axis=args.class_axis, reinitialize=args.reinitialize, **options)
     save_atomic(trainable, Path(args.output))
     print(f"wrote {args.output}: loss {args.loss}, optimizer {args.optimizer}, learning rate {args.lr}")
 
@@ -188,8 +189,12 @@ def parser() -> argparse.ArgumentParser:
     author.add_argument("--loss", default="mse", help="mse, cross_entropy, bce_logits or output:NAME")
     author.add_argument("--optimizer", default="adam", help="sgd, momentum, nesterov, adagrad or adam")
     author.add_argument("--lr", type=float, default=1e-3)
-    author.add_argument("--trainable", help="regular expression over initializer names (default: all floats but "
-                        "BatchNormalization's running statistics)")
+    author.add_argument("--trainable", help="regular expression over the parameters' names (default: every "
+                        "parameter, i.e. float initializers but the exporter's constants)")
+    author.add_argument("--prediction", help="the output the loss compares with the target (default: the first)")
+    author.add_argument("--class-axis", type=int, help="cross_entropy: the scores' class axis (default 1; -1 for "
+                        "[batch, seq, vocab] logits)")
+    author.add_argument("--ignore-index", type=int, help="cross_entropy: a label to ignore (Hugging Face: -100)")
     author.add_argument("--alpha", type=float)
     author.add_argument("--beta", type=float)
     author.add_argument("--epsilon", type=float)

@@ -57,6 +57,10 @@ class StaticValueRequired(NodeError):
         )
 
 
+class AuthoringError(OnnxTrainError):
+    """make_trainable's options do not fit the model (loss vs. output, trainable names, learning rate)."""
+
+
 class ExportError(OnnxTrainError):
     """The trained model cannot be written."""
 

@@ -196,3 +196,74 @@ def test_optax_through_jax_function_matches_pytorch(tmp_path):
     reloaded = onnxtrain.load(tmp_path / "tuned.onnx")
     np.testing.assert_allclose(np.asarray(reloaded.infer({"X": x})["Y"]),
                                module(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def linear_model(output_type: int = onnx.TensorProto.FLOAT, classes: int = 3) -> onnx.ModelProto:
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("MatMul", ["X", "W"], ["Z"])]
+    nodes.append(helper.make_node("Identity", ["Z"], ["Y"]) if output_type == TensorProto.FLOAT
+                 else helper.make_node("ArgMax", ["Z"], ["Y"], axis=1, keepdims=0))
+    graph = helper.make_graph(
+        nodes, "linear", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("Y", output_type, ["N", classes] if output_type == TensorProto.FLOAT
+                                       else ["N"])],
+        [numpy_helper.from_array(np.full((4, classes), 0.1, np.float32), "W")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"learning_rate": float("nan")}, "learning_rate must be a finite number >= 0, got nan"),
+    ({"learning_rate": float("inf")}, "got inf"),
+    ({"learning_rate": -0.1}, "got -0.1"),
+    ({"loss": "hinge"}, "loss must be one of"),
+    ({"loss": "output:L"}, "loss output 'L' is not a declared output of the model"),
+    ({"loss": "mse", "ignore_index": -100}, "apply to loss='cross_entropy', not 'mse'"),
+    ({"loss": "cross_entropy", "class_axis": 0}, "class_axis=0 is not a class axis"),
+    ({"loss": "cross_entropy", "class_axis": 2}, "class_axis=2 is not a class axis"),
+    ({"loss": "cross_entropy", "prediction": "Z2"}, "prediction 'Z2' is not a declared output"),
+    ({"trainable": []}, "the list of names is empty"),
+    ({"trainable": ["W", "W"]}, r"\['W'\] listed twice"),
+    ({"trainable": "bias.*"}, "no parameter matches 'bias.*'"),
+])
+def test_make_trainable_refuses_options_that_do_not_fit(options, message):
+    with pytest.raises(onnxtrain.errors.AuthoringError, match=message):
+        onnxtrain.make_trainable(linear_model(), **options)
+
+
+def test_loss_is_checked_against_the_declared_output():
+    with pytest.raises(onnxtrain.errors.AuthoringError, match="prediction 'Y' is int64; the loss needs a float"):
+        onnxtrain.make_trainable(linear_model(onnx.TensorProto.INT64), loss="cross_entropy")
+    with pytest.raises(onnxtrain.errors.AuthoringError, match="one class on axis 1"):
+        onnxtrain.make_trainable(linear_model(classes=1), loss="cross_entropy")
+
+
+def test_cross_entropy_over_the_last_axis_with_ignored_labels_matches_pytorch():
+    """[B, S, V] scores with [B, S] labels (class_axis=-1), -100 ignored: mean over the other labels, as
+    F.cross_entropy(scores.transpose(1, 2), labels); its gradient too (one SGD step)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(4, 6)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])], "lm",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["B", "S", 4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["B", "S", 6])], [numpy_helper.from_array(w, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    trainable = onnxtrain.make_trainable(model, loss="cross_entropy", class_axis=-1, ignore_index=-100,
+                                         optimizer="sgd", learning_rate=LR)
+    target_type = trainable.training_info[0].algorithm.input[0].type.tensor_type
+    assert [d.dim_param for d in target_type.shape.dim] == ["B", "S"]
+    x = rng.normal(size=(2, 5, 4)).astype(np.float32)
+    labels = rng.integers(0, 6, size=(2, 5)).astype(np.int64)
+    labels[0, 1:4] = -100
+    loss = onnxtrain.load(trainable).train_step({"X": x, "target": labels})["loss"]
+    weight = torch.from_numpy(w).requires_grad_()
+    expected = F.cross_entropy((torch.from_numpy(x) @ weight).transpose(1, 2), torch.from_numpy(labels))
+    expected.backward()
+    np.testing.assert_allclose(float(loss), expected.item(), rtol=1e-6)
+    engine = onnxtrain.load(trainable)
+    engine.train_step({"X": x, "target": labels})
+    np.testing.assert_allclose(np.asarray(engine.state["W"]), w - LR * weight.grad.numpy(), rtol=1e-5, atol=1e-7)

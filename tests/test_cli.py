@@ -98,6 +98,11 @@ def test_make_trainable_then_train(tmp_path):
     np.testing.assert_allclose(w, [[2.0], [-1.0]], atol=1e-3)
     assert_user_error(cli("make-trainable", tmp_path / "lin.onnx", "--optimizer", "rmsprop", "-o", tmp_path / "x.onnx"),
                       "optimizer must be one of")
+    for rate in ("nan", "inf", "-1"):
+        assert_user_error(cli("make-trainable", tmp_path / "lin.onnx", "--lr", rate, "-o", tmp_path / "x.onnx"),
+                          "learning_rate must be a finite number >= 0")
+    assert_user_error(cli("make-trainable", tmp_path / "lin.onnx", "--loss", "cross_entropy", "--class-axis", "3",
+                          "-o", tmp_path / "x.onnx"), "class_axis=3 is not a class axis of prediction 'Y'")
 
 
 def test_export_applies_a_state_checkpoint(tmp_path):

@@ -1,0 +1,184 @@
+"""Which initializers of an exported model are its parameters (what `make_trainable` trains by default), and the
+exporter rewrites that change what PyTorch would train (warned about, since no engine can undo them).
+
+Exporters store more than parameters as float initializers: the dynamo exporter lifts scalar constants (GELU's
+0.5 / 0.044715, a Pow exponent 3.0, the attention scale, a mask's fill value) and folds attention masks; both
+exporters fold transposes into weights, and merge equal-valued initializers. Names do not tell them apart (the
+dynamo exporter's folded weights are `val_N` like its constants), so the rules below read how each initializer is
+used: a constant sits where no parameter sits."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections import defaultdict
+from typing import Iterable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from .errors import AuthoringError
+
+FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+
+# (op_type, input index) where a float tensor is a setting, never a parameter PyTorch trains
+CONSTANT_INPUTS = {
+    ("BatchNormalization", 3), ("BatchNormalization", 4),  # running statistics: averages of activations
+    ("Pow", 1),  # an exponent: GELU's tanh form cubes with an exponent the dynamo exporter lifts
+    ("Clip", 1), ("Clip", 2),  # ReLU6 / Hardtanh bounds
+    ("Pad", 2),  # the fill value
+    ("Dropout", 1),  # the ratio
+    ("Resize", 1), ("Resize", 2), ("Upsample", 1),  # region of interest, scales
+    ("Range", 0), ("Range", 1), ("Range", 2),
+}
+# Ops whose 0-d float operand is a lifted constant (a scale, a shift, a fill value), not a parameter. A 0-d
+# parameter usually reaches another op first (a logit scale: Exp); a one-element bias (Linear(n, 1)) is 1-d
+ELEMENTWISE_OPS = {
+    "Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Mod", "Sum", "Mean", "Clip",
+    "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
+}
+MASK_MAGNITUDE = 1e30  # attention masks fill with -inf or float32's lowest (-3.4e38); no weight gets near
+
+
+class ParameterizationWarning(UserWarning):
+    """The exported model's initializers are not the source model's parameters one for one (the exporter merged,
+    untied or broadcast them), so training them is not what the source framework would train."""
+
+
+Use = tuple[str, int]  # (op_type, input index) of one node reading an initializer
+
+
+def uses(graph: onnx.GraphProto) -> dict[str, list[Use]]:
+    """Every node input that reads each name, subgraphs included (a subgraph may read an outer initializer)."""
+    found: dict[str, list[Use]] = defaultdict(list)
+
+    def walk(g: onnx.GraphProto) -> None:
+        for node in g.node:
+            for index, name in enumerate(node.input):
+                found[name].append((node.op_type, index))
+            for attribute in node.attribute:
+                for sub in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
+                    walk(sub)
+
+    walk(graph)
+    return found
+
+
+def running_statistics(graph: onnx.GraphProto) -> set[str]:
+    """The running mean and variance inputs of the graph's BatchNormalization nodes (subgraphs included)."""
+    return {name for name, used in uses(graph).items() if ("BatchNormalization", 3) in used
+            or ("BatchNormalization", 4) in used}
+
+
+def constant_reason(value: np.ndarray, used: list[Use]) -> str | None:
+    """Why an initializer read at `used` is a constant rather than a parameter; None for a parameter."""
+    if used and all(use in CONSTANT_INPUTS for use in used):
+        return f"read only as {', '.join(sorted({f'{op} input {i}' for op, i in used}))}"
+    if value.ndim == 0 and used and all(op in ELEMENTWISE_OPS for op, _ in used):
+        return "a 0-d operand of elementwise arithmetic"
+    if value.size and not np.all(np.abs(value.astype(np.float64)) < MASK_MAGNITUDE):
+        return "holds infinite or mask-fill values"
+    return None
+
+
+def constants(model: onnx.ModelProto) -> dict[str, str]:
+    """Float initializers of the main graph that are not parameters, each with the reason."""
+    used = uses(model.graph)
+    reasons = {}
+    for tensor in model.graph.initializer:
+        if tensor.data_type in FLOAT_TYPES:
+            reason = constant_reason(numpy_helper.to_array(tensor), used.get(tensor.name, []))
+            if reason:
+                reasons[tensor.name] = reason
+    return reasons
+
+
+def select_trainable(model: onnx.ModelProto, trainable: str | Iterable[str] | None) -> list[str]:
+    """The model's parameters (None), those whose names match a regular expression, or exactly the names given;
+    warns (ParameterizationWarning) where the exporter changed the parameterisation of the chosen ones."""
+    floats = [t.name for t in model.graph.initializer if t.data_type in FLOAT_TYPES]
+    if trainable is None or isinstance(trainable, str):
+        left_out = constants(model)
+        chosen = [n for n in floats if n not in left_out and (trainable is None or re.fullmatch(trainable, n))]
+        if not chosen:
+            raise AuthoringError(f"trainable: no parameter matches {trainable!r} (float initializers: {floats[:20]})")
+    else:
+        chosen = list(trainable)
+        if not chosen:
+            raise AuthoringError("trainable: the list of names is empty")
+        check_names(model, chosen)
+    warn_about_parameterization(model, chosen)
+    return chosen
+
+
+def check_names(model: onnx.ModelProto, names: list[str]) -> None:
+    kinds = {t.name: t.data_type for t in model.graph.initializer}
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise AuthoringError(f"trainable: {repeated} listed twice")
+    not_float = sorted(n for n in names if n in kinds and kinds[n] not in FLOAT_TYPES)
+    if not_float:
+        raise AuthoringError(f"trainable: {not_float} are not float initializers (only floats have gradients)")
+    unknown = sorted(n for n in names if n not in kinds)
+    if unknown:
+        raise AuthoringError(
+            f"trainable: {unknown[:10]}{' ...' if len(unknown) > 10 else ''} ({len(unknown)}) are not initializers "
+            f"of the model. A PyTorch export keeps parameter names only with "
+            f"torch.onnx.export(..., dynamo=True, optimize=False); a tied parameter appears under one of its names "
+            f"(onnxtrain.from_torch maps them); the model's float initializers are: "
+            f"{[n for n, k in kinds.items() if k in FLOAT_TYPES][:20]}"
+        )
+
+
+def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> None:
+    """Warn, once per kind, about chosen initializers the exporter merged, untied or broadcast."""
+    used = uses(model.graph)
+    arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.name in set(chosen)}
+    merged = [f"{n} (every element {a.flat[0]:g}, read by {len(used[n])} nodes)" for n, a in arrays.items()
+              if a.size > 1 and len(used.get(n, [])) > 1 and np.all(a == a.flat[0])]
+    if merged:
+        warnings.warn(ParameterizationWarning(
+            f"{', '.join(merged)}: exporters merge equal-valued initializers (a freshly initialized model's zero "
+            f"biases and unit norm scales) into one, which then trains as one parameter shared by every layer "
+            f"that reads it. If they were distinct parameters, export with torch.onnx.export(..., dynamo=True, "
+            f"optimize=False) or give them distinct values before exporting"), stacklevel=4)
+    untied = untied_copies(arrays)
+    if untied:
+        warnings.warn(ParameterizationWarning(
+            f"{', '.join(f'{b} is a {how} copy of {a}' for a, b, how in untied)}: the exporter untied a weight "
+            f"the source model uses twice (an embedding tied to the output layer); the copies would train apart. "
+            f"Export with torch.onnx.export(..., dynamo=True, optimize=False) to keep one weight"), stacklevel=4)
+    repeated = [f"{n} (along axis {axis})" for n, a in arrays.items() for axis in repeated_axes(a)[:1]]
+    if repeated:
+        warnings.warn(ParameterizationWarning(
+            f"{', '.join(repeated)}: equal slices, as when the exporter folds a broadcast or a gathered row of a "
+            f"parameter into a constant (token-type embeddings); each copy would train on its own, where the "
+            f"source model sums their gradients. Export with torch.onnx.export(..., dynamo=True, optimize=False)"),
+            stacklevel=4)
+
+
+def untied_copies(arrays: dict[str, np.ndarray]) -> list[tuple[str, str, str]]:
+    """Pairs (a, b, 'transposed' or 'plain') where b holds a's values (or its transpose); constant arrays aside."""
+    by_summary: dict[tuple, list[str]] = defaultdict(list)
+    for name, a in arrays.items():
+        if a.size > 1 and not np.all(a == a.flat[0]):  # order-free and exact, so a transpose summarizes alike
+            by_summary[(a.dtype.str, a.size, a.min(), a.max(), np.count_nonzero(a > 0))].append(name)
+    pairs = []
+    for names in by_summary.values():
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                x, y = arrays[a], arrays[b]
+                if x.shape == y.shape and np.array_equal(x, y):
+                    pairs.append((a, b, "plain"))
+                elif x.ndim == 2 and x.T.shape == y.shape and np.array_equal(x.T, y):
+                    pairs.append((a, b, "transposed"))
+    return pairs
+
+
+def repeated_axes(a: np.ndarray) -> list[int]:
+    """Axes of length > 1 along which every slice equals the first (never for a constant-valued array)."""
+    if a.ndim < 2 or a.size <= 1 or np.all(a == a.flat[0]):
+        return []
+    return [axis for axis in range(a.ndim) if a.shape[axis] > 1 and np.array_equal(a, np.broadcast_to(
+        np.take(a, [0], axis=axis), a.shape))]

@@ -1,0 +1,260 @@
+"""make_trainable's default trainable set on real exports of both PyTorch exporters (dynamo=True, the default,
+and the TorchScript one) trains what PyTorch trains: the loss sequence and the trained model's outputs equal
+the same PyTorch loop's. Parameters are first set to distinct values, since exporters merge equal-valued ones
+(asserted as a warning separately). Where an exporter changes the parameterisation so that no engine could
+match (an untied embedding), the test asserts the warning instead."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+
+import onnxtrain
+from onnxtrain.errors import AuthoringError
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+LR = 0.1
+STEPS = 4
+
+
+class Block(torch.nn.Module):
+    """Pre-norm self-attention + tanh-GELU feed-forward: LayerNorm, a scale, the GELU's constants."""
+
+    def __init__(self, d: int = 16, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.ff = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.GELU(approximate="tanh"),
+                                      torch.nn.Linear(2 * d, d))
+        self.head = torch.nn.Linear(d, 5)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        attention = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, dim=-1)
+        x = x + self.proj((attention @ v).transpose(1, 2).reshape(b, t, d))
+        return self.head(x + self.ff(self.norm2(x)))
+
+
+class TinyGPT2(torch.nn.Module):
+    """transformers' GPT-2 (one layer, tied embedding and LM head) returning the logits [batch, seq, vocab]."""
+
+    def __init__(self):
+        super().__init__()
+        transformers = pytest.importorskip("transformers")
+        config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16,
+                                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        self.lm = transformers.GPT2LMHeadModel(config).eval()
+
+    def forward(self, ids):
+        # an explicit mask keeps transformers off the packed-sequence check, which TorchScript cannot export
+        return self.lm(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+
+
+def perturbed(module: "torch.nn.Module") -> "torch.nn.Module":
+    """Every parameter distinct and non-zero (fresh biases are all 0 and norm scales all 1: exporters merge them)."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.2 + 0.05)
+    return module.eval()
+
+
+def export(module, x, exporter: str) -> onnx.ModelProto:
+    """exporter: "dynamo" (torch.onnx.export's default), "dynamo-exact" (optimize=False) or "torchscript"."""
+    if exporter == "torchscript":
+        buffer = io.BytesIO()
+        torch.onnx.export(module, (x,), buffer, dynamo=False, input_names=["X"], output_names=["Y"],
+                          opset_version=17)
+        return onnx.load_from_string(buffer.getvalue())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's own deprecation chatter
+        program = torch.onnx.export(module, (x,), dynamo=True, optimize=exporter == "dynamo", input_names=["X"],
+                                    output_names=["Y"], verbose=False)
+    return program.model_proto
+
+
+def train_both(module, model, x, target, torch_loss, **options):
+    """STEPS of SGD in PyTorch and in onnxtrain from the same start; the loss sequences and engine."""
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, optimizer="sgd", learning_rate=LR, **options))
+    losses = [float(engine.train_step({"X": x, "target": target})["loss"]) for _ in range(STEPS)]
+    optimizer = torch.optim.SGD(module.parameters(), lr=LR)
+    expected = []
+    for _ in range(STEPS):
+        optimizer.zero_grad()
+        value = torch_loss(module(torch.from_numpy(x)), torch.from_numpy(target))
+        value.backward()
+        optimizer.step()
+        expected.append(value.item())
+    return losses, expected, engine
+
+
+def assert_trains_like_pytorch(module, model, x, target, torch_loss, **options):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", onnxtrain.ParameterizationWarning)
+        losses, expected, engine = train_both(module, model, x, target, torch_loss, **options)
+    np.testing.assert_allclose(losses, expected, rtol=1e-4)
+    assert expected[-1] < expected[0] - 1e-3  # the steps moved the weights
+    with torch.no_grad():
+        trained = module(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(np.asarray(engine.infer({"X": x})["Y"]), trained, rtol=1e-4, atol=1e-5)
+    for name, p in module.named_parameters():  # those the exporter kept under their own names
+        if name in engine.state:
+            np.testing.assert_allclose(np.asarray(engine.state[name]), p.detach().numpy(), rtol=1e-4, atol=1e-6,
+                                       err_msg=name)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_block_with_gelu_and_layernorm_trains_like_pytorch(exporter):
+    torch.manual_seed(0)
+    module = perturbed(Block())
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 5, 16)).astype(np.float32)
+    target = rng.integers(0, 5, size=(2, 5)).astype(np.int64)
+    model = export(module, torch.from_numpy(x), exporter)
+    assert_trains_like_pytorch(module, model, x, target,
+                               lambda y, t: F.cross_entropy(y.transpose(1, 2), t),
+                               loss="cross_entropy", class_axis=-1)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_mlp_trains_like_pytorch_with_bce(exporter):
+    torch.manual_seed(0)
+    module = perturbed(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 3)))
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(6, 4)).astype(np.float32)
+    target = rng.integers(0, 2, size=(6, 3)).astype(np.float32)
+    assert_trains_like_pytorch(module, export(module, torch.from_numpy(x), exporter), x, target,
+                               F.binary_cross_entropy_with_logits, loss="bce_logits")
+
+
+def test_one_output_regression_head_trains_its_one_element_bias():
+    """Linear(4, 1) on [batch, seq, 4]: the dynamo exporter adds its bias [1] with an Add, where its lifted
+    constants are 0-d; the bias is a parameter and trains."""
+    torch.manual_seed(0)
+    module = perturbed(torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1)))
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(2, 3, 4)).astype(np.float32)
+    target = rng.normal(size=(2, 3, 1)).astype(np.float32)
+    model = export(module, torch.from_numpy(x), "dynamo")
+    assert ("Add", [1]) in [(n.op_type, list(onnx.numpy_helper.to_array(t).shape)) for n in model.graph.node
+                            for t in model.graph.initializer if t.name in n.input]
+    assert_trains_like_pytorch(module, model, x, target, F.mse_loss, loss="mse")
+
+
+def lm_batch():
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, 64, size=(2, 8)).astype(np.int64)
+    labels = np.concatenate([ids[:, 1:], np.full((2, 1), -100)], axis=1)  # next token; HF's -100 at the end
+    labels[0, 2] = -100  # and one masked token inside
+    return ids, labels
+
+
+def lm_loss(logits, labels):
+    return F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100)
+
+
+def test_gpt2_exported_exactly_trains_like_pytorch():
+    """dynamo=True, optimize=False keeps GPT-2's tied embedding as one initializer read twice (Gather and the LM
+    head's Transpose): its one update is the sum of both gradients, as in PyTorch. The LM loss averages over the
+    labels that are not -100."""
+    module = perturbed(TinyGPT2())
+    ids, labels = lm_batch()
+    model = export(module, torch.from_numpy(ids), "dynamo-exact")
+    tied = [t.name for t in model.graph.initializer if t.name.endswith(("wte.weight", "lm_head.weight"))]
+    assert len(tied) == 1
+    assert_trains_like_pytorch(module, model, ids, labels, lm_loss, loss="cross_entropy", class_axis=-1,
+                               ignore_index=-100)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_gpt2_default_exports_untie_the_lm_head_and_make_trainable_says_so(exporter):
+    """Both exporters' defaults give the LM head its own transposed copy of the embedding (which PyTorch trains
+    as one tensor): no engine can match PyTorch on that, so make_trainable warns. The dynamo exporter's lifted
+    constants (GELU's 0.5 / 0.044715 / 0.798, the exponent 3.0, the mask fill) stay out of training."""
+    module = perturbed(TinyGPT2())
+    ids, labels = lm_batch()
+    model = export(module, torch.from_numpy(ids), exporter)
+    with pytest.warns(onnxtrain.ParameterizationWarning, match="transposed copy"):
+        trainable = onnxtrain.make_trainable(model, loss="cross_entropy", class_axis=-1, ignore_index=-100,
+                                             optimizer="sgd", learning_rate=LR)
+    trained = {b.key for b in trainable.training_info[0].update_binding}
+    arrays = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    floats = {n for n, a in arrays.items() if a.dtype == np.float32}
+    left_out = floats - trained
+    scalars = sorted(float(arrays[n].item()) for n in left_out if arrays[n].size == 1)
+    masks = [n for n in left_out if arrays[n].size > 1]
+    if exporter == "dynamo":
+        np.testing.assert_allclose(scalars, [0.0, 0.044715, 0.5, np.sqrt(2 / np.pi), 1.0, 3.0], rtol=1e-6)
+        assert len(masks) == 1 and arrays[masks[0]].min() == np.finfo(np.float32).min
+    else:
+        assert not left_out  # TorchScript keeps its constants in Constant nodes
+    engine = onnxtrain.load(trainable)
+    for _ in range(STEPS):
+        loss = float(engine.train_step({"X": ids, "target": labels})["loss"])
+    assert np.isfinite(loss)  # the exponent 3.0 trained gave NaN gradients
+
+
+def test_fresh_model_merged_by_the_exporter_warns():
+    """A fresh model's LayerNorm scales are all 1: the dynamo exporter keeps one initializer for both norms."""
+    torch.manual_seed(0)
+    x = torch.zeros(2, 5, 16)
+    model = export(Block().eval(), x, "dynamo")
+    with pytest.warns(onnxtrain.ParameterizationWarning, match=r"norm1.weight \(every element 1, read by 2 nodes"):
+        onnxtrain.make_trainable(model, loss="cross_entropy", class_axis=-1, optimizer="sgd")
+
+
+def test_from_torch_trains_the_parameters_that_require_a_gradient():
+    """from_torch exports with optimize=False and trains exactly the parameters PyTorch's loop trains: here all but
+    the frozen head; the exporter's scale constant and the frozen head stay out."""
+    torch.manual_seed(0)
+    module = perturbed(Block())
+    module.head.requires_grad_(False)
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(2, 5, 16)).astype(np.float32)
+    target = rng.integers(0, 5, size=(2, 5)).astype(np.int64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", onnxtrain.ParameterizationWarning)
+        trainable = onnxtrain.from_torch(module, (torch.from_numpy(x),), input_names=["X"], output_names=["Y"],
+                                         loss="cross_entropy", class_axis=-1, optimizer="sgd", learning_rate=LR)
+    trained = {b.key for b in trainable.training_info[0].update_binding}
+    assert trained == {n for n, p in module.named_parameters() if p.requires_grad}
+    engine = onnxtrain.load(trainable)
+    losses = [float(engine.train_step({"X": x, "target": target})["loss"]) for _ in range(STEPS)]
+    optimizer = torch.optim.SGD([p for p in module.parameters() if p.requires_grad], lr=LR)
+    expected = []
+    for _ in range(STEPS):
+        optimizer.zero_grad()
+        value = F.cross_entropy(module(torch.from_numpy(x)).transpose(1, 2), torch.from_numpy(target))
+        value.backward()
+        optimizer.step()
+        expected.append(value.item())
+    np.testing.assert_allclose(losses, expected, rtol=1e-4)
+    for name in trained:
+        np.testing.assert_allclose(np.asarray(engine.state[name]), module.get_parameter(name).detach().numpy(),
+                                   rtol=1e-4, atol=1e-6, err_msg=name)
+    with torch.no_grad():
+        np.testing.assert_allclose(np.asarray(engine.infer({"X": x})["Y"]), module(torch.from_numpy(x)).numpy(),
+                                   rtol=1e-4, atol=1e-5)
+
+
+def test_names_given_exactly():
+    torch.manual_seed(0)
+    module = perturbed(Block())
+    model = export(module, torch.zeros(2, 5, 16), "dynamo")
+    names = [t.name for t in model.graph.initializer if t.name.startswith("norm")]
+    trainable = onnxtrain.make_trainable(model, loss="cross_entropy", class_axis=-1, optimizer="sgd",
+                                         trainable=names)
+    assert sorted(b.key for b in trainable.training_info[0].update_binding) == sorted(names)
+    with pytest.raises(AuthoringError, match=r"\['head.scale'\] \(1\) are not initializers"):
+        onnxtrain.make_trainable(model, trainable=names + ["head.scale"])
+    shape = next(t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT64)
+    with pytest.raises(AuthoringError, match="not float initializers"):
+        onnxtrain.make_trainable(model, trainable=[shape])
