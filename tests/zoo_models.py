@@ -1,0 +1,254 @@
+"""The test model zoo: small configurations of the architectures people export from PyTorch (hidden 32-64, one or
+two layers, sequence 8-16, batch 2), each with example inputs, the loss it trains on and a target for it.
+
+HF models are built from configs with random weights (nothing downloads). Every parameter is then moved by seeded
+noise, as training moves weights: LayerNorm scales leave 1 and biases leave 0, so no two parameters (and no
+parameter and lifted constant) hold the same values, which the tests rely on to map ONNX initializers back to
+parameters by value (TorchScript's exporter renames and transposes some)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only: never reach for the hub
+
+import numpy as np
+import torch
+from torch import nn
+
+BATCH = 2
+SEQ = 8
+VOCAB = 64
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """`build()` returns the module in eval mode with perturbed parameters; `inputs` are its forward arguments;
+    `loss` is make_trainable's loss on the first output and `target` draws that loss's target."""
+
+    build: Callable[[], nn.Module]
+    inputs: Callable[[np.random.Generator], tuple[np.ndarray, ...]]
+    loss: str
+    target: Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
+
+    def module(self) -> nn.Module:
+        """The same module at every call: HF initialises from torch's global generator."""
+        torch.manual_seed(0)
+        return self.build()
+
+
+def perturbed(module: nn.Module, seed: int = 0) -> nn.Module:
+    """Every parameter plus seeded N(0, 0.02) noise (zero biases and unit LayerNorm scales included), and
+    BatchNorm running statistics away from 0 and 1, as a trained network's are."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=generator))
+        for m in module.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5, generator=generator)
+                m.running_var.uniform_(0.5, 2.0, generator=generator)
+    return module.eval()
+
+
+class Logits(nn.Module):
+    """A HF model's `logits` (or `last_hidden_state`) alone, so the export has one tensor output; the forward
+    arguments are passed by keyword (`names`), since HF's positional order puts caches between them."""
+
+    def __init__(self, model: nn.Module, names: tuple[str, ...], field: str = "logits"):
+        super().__init__()
+        self.model, self.names, self.field = model, names, field
+
+    def forward(self, *inputs):
+        return getattr(self.model(**dict(zip(self.names, inputs))), self.field)
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels: int, stride: int):
+        super().__init__()
+        out = channels * stride
+        self.conv1 = nn.Conv2d(channels, out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out)
+        self.conv2 = nn.Conv2d(out, out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out)
+        self.shortcut = nn.Sequential() if stride == 1 else nn.Sequential(
+            nn.Conv2d(channels, out, 1, stride, bias=False), nn.BatchNorm2d(out))
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    def __init__(self, classes: int = 5):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 1, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.blocks = nn.Sequential(ResidualBlock(8, 1), ResidualBlock(8, 2))
+        self.head = nn.Linear(16, classes)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x)).mean((2, 3)))
+
+
+class SqueezeExcite(nn.Module):
+    def __init__(self, channels: int, squeezed: int):
+        super().__init__()
+        self.reduce, self.expand = nn.Conv2d(channels, squeezed, 1), nn.Conv2d(squeezed, channels, 1)
+
+    def forward(self, x):
+        scale = nn.functional.adaptive_avg_pool2d(x, 1)
+        return x * nn.functional.hardsigmoid(self.expand(torch.relu(self.reduce(scale))))
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV3's block: 1x1 expand, depthwise 3x3, squeeze-excite, 1x1 project, hard-swish."""
+
+    def __init__(self, channels: int, expanded: int):
+        super().__init__()
+        self.expand = nn.Sequential(nn.Conv2d(channels, expanded, 1, bias=False), nn.BatchNorm2d(expanded),
+                                    nn.Hardswish())
+        self.depthwise = nn.Sequential(nn.Conv2d(expanded, expanded, 3, 1, 1, groups=expanded, bias=False),
+                                       nn.BatchNorm2d(expanded), nn.Hardswish())
+        self.se = SqueezeExcite(expanded, 8)
+        self.project = nn.Sequential(nn.Conv2d(expanded, channels, 1, bias=False), nn.BatchNorm2d(channels))
+
+    def forward(self, x):
+        return x + self.project(self.se(self.depthwise(self.expand(x))))
+
+
+class MobileNetV3(nn.Module):
+    def __init__(self, classes: int = 5):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.Hardswish())
+        self.block = InvertedResidual(16, 32)
+        self.head = nn.Sequential(nn.Linear(16, 32), nn.Hardswish(), nn.Linear(32, classes))
+
+    def forward(self, x):
+        return self.head(self.block(self.stem(x)).mean((2, 3)))
+
+
+class LSTMClassifier(nn.Module):
+    def __init__(self, classes: int = 5):
+        super().__init__()
+        self.lstm = nn.LSTM(12, 32, batch_first=True)
+        self.head = nn.Linear(32, classes)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.head(out[:, -1])
+
+
+class LoopModule(nn.Module):
+    """A recurrence scripted with a Python for loop over a fixed count: TorchScript keeps it as an ONNX Loop."""
+
+    def __init__(self, steps: int = 4):
+        super().__init__()
+        self.steps = steps
+        self.cell = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = x
+        for _ in range(self.steps):
+            h = torch.tanh(self.cell(h) + x)
+        return self.head(h)
+
+
+def scripted_loop() -> nn.Module:
+    return torch.jit.script(perturbed(LoopModule()))
+
+
+def bert() -> nn.Module:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=32, num_labels=3, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    return perturbed(Logits(BertForSequenceClassification(config), ("input_ids",)))
+
+
+def gpt2(tied: bool = True) -> nn.Module:
+    """With its attention mask fed: without one, transformers' packed-sequence check calls aten::diff, which
+    TorchScript's exporter cannot export."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=32, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, bos_token_id=0, eos_token_id=0,
+                        tie_word_embeddings=tied)
+    return perturbed(Logits(GPT2LMHeadModel(config), ("input_ids", "attention_mask")))
+
+
+def t5() -> nn.Module:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1,
+                      num_heads=4, relative_attention_num_buckets=8, dropout_rate=0.0, use_cache=False,
+                      decoder_start_token_id=0)
+    names = ("input_ids", "attention_mask", "decoder_input_ids")
+    return perturbed(Logits(T5ForConditionalGeneration(config), names))
+
+
+def vit() -> nn.Module:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
+                       num_attention_heads=4, intermediate_size=64, num_labels=3, hidden_dropout_prob=0.0,
+                       attention_probs_dropout_prob=0.0)
+    return perturbed(Logits(ViTForImageClassification(config), ("pixel_values",)))
+
+
+def whisper_encoder() -> nn.Module:
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    config = WhisperConfig(vocab_size=VOCAB, num_mel_bins=8, d_model=32, encoder_layers=2,
+                           encoder_attention_heads=4, encoder_ffn_dim=64, max_source_positions=SEQ, dropout=0.0,
+                           attention_dropout=0.0, activation_dropout=0.0, pad_token_id=0, bos_token_id=0,
+                           eos_token_id=0, decoder_start_token_id=0)
+    return perturbed(Logits(WhisperEncoder(config), ("input_features",), "last_hidden_state"))
+
+
+def tokens(rng: np.random.Generator) -> np.ndarray:
+    return rng.integers(1, VOCAB, size=(BATCH, SEQ)).astype(np.int64)
+
+
+def mask() -> np.ndarray:
+    return np.ones((BATCH, SEQ), np.int64)
+
+
+def normal(*shape: int) -> Callable[[np.random.Generator], tuple[np.ndarray, ...]]:
+    return lambda rng: (rng.normal(size=(BATCH, *shape)).astype(np.float32),)
+
+
+def classes(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Class indices for logits of `shape` [B, C]."""
+    return rng.integers(0, shape[1], size=shape[:1]).astype(np.int64)
+
+
+def lm_labels(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Next-token labels [B, S] for logits [B, S, V]; the last two positions are padding (-100, ignored)."""
+    labels = rng.integers(0, shape[-1], size=shape[:2]).astype(np.int64)
+    labels[:, -2:] = -100
+    return labels
+
+
+def regression(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return rng.normal(size=shape).astype(np.float32)
+
+
+ZOO: dict[str, ZooModel] = {
+    "resnet": ZooModel(lambda: perturbed(ResNet()), normal(3, 16, 16), "cross_entropy", classes),
+    "mobilenetv3": ZooModel(lambda: perturbed(MobileNetV3()), normal(3, 16, 16), "cross_entropy", classes),
+    "bert": ZooModel(bert, lambda rng: (tokens(rng),), "cross_entropy", classes),
+    "gpt2": ZooModel(gpt2, lambda rng: (tokens(rng), mask()), "mse", regression),
+    "t5": ZooModel(t5, lambda rng: (tokens(rng), mask(), tokens(rng)), "mse", regression),
+    "vit": ZooModel(vit, normal(3, 16, 16), "cross_entropy", classes),
+    "whisper_encoder": ZooModel(whisper_encoder, normal(8, 2 * SEQ), "mse", regression),
+    "lstm": ZooModel(lambda: perturbed(LSTMClassifier()), normal(SEQ, 12), "cross_entropy", classes),
+    "script_loop": ZooModel(scripted_loop, normal(16), "mse", regression),
+}
+
+# GPT-2 trained as a language model; untied embeddings keep the tied-weight question (see ZOO's gpt2) out
+LANGUAGE_MODEL = ZooModel(lambda: gpt2(tied=False), lambda rng: (tokens(rng), mask()), "cross_entropy", lm_labels)
