@@ -259,9 +259,6 @@ def test_named_parameters_of_an_unoptimized_dynamo_export_train_like_pytorch(nam
     check_training(trainable, ref, after, tmp_path, reparametrized(before, parameters, ref.initial))
 
 
-@pytest.mark.xfail(strict=True, raises=onnxtrain.errors.FeedError, reason=(
-    "make_trainable's cross_entropy declares the label [B, V] (the logits' shape less axis 1) for logits "
-    "[B, S, V]; the LM label is [B, S], classes on the last axis"))
 def test_language_model_cross_entropy_ignores_padding_labels(tmp_path):
     """GPT-2's logits [B, S, V] against labels [B, S] holding -100 where nothing is predicted, as HF's LM loss
     (`cross_entropy(logits.view(-1, V), labels.view(-1))`, ignore_index -100, mean over the labelled tokens)."""
@@ -275,5 +272,5 @@ def test_language_model_cross_entropy_ignores_padding_labels(tmp_path):
     before = export(initial, inputs, tmp_path / "before.onnx", RECIPE)
     after = export(trained, inputs, tmp_path / "after.onnx", RECIPE)
     trainable = onnxtrain.make_trainable(before, loss="cross_entropy", optimizer="sgd", learning_rate=LR,
-                                         ignore_index=-100, trainable=trainable_names(initial))
+                                         class_axis=-1, ignore_index=-100, trainable=trainable_names(initial))
     check_training(trainable, ref, after, tmp_path)
