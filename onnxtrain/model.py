@@ -23,6 +23,7 @@ from .errors import ModelLoadError, UnsupportedOpError
 from .external_data import inline_external_data, open_regular_file
 from .lower.registry import OpImpl, canonical_domain, lookup, schema_for
 from .tensor_data import decode_utf8, known_type, tensor_value
+from .well_formed import check_well_formed
 
 PROTOBUF_LIMIT = 2**31 - 1  # the largest serialized ModelProto; bigger weights must be external data
 
@@ -287,6 +288,8 @@ def check_model(model: onnx.ModelProto) -> None:
 
 
 def model_resolver(model: onnx.ModelProto) -> Resolver:
+    """The opsets and functions nodes bind with, once the model is known to be well formed (well_formed.py)."""
+    check_well_formed(model)
     functions = {(f.domain, f.name): f for f in model.functions}
     return Resolver(opset_versions(model.opset_import, "the model"), functions)
 

@@ -116,6 +116,48 @@ def sparse_too_large(m):
         [2**40]))
 
 
+def output_never_produced(m):
+    m.graph.node[0].output[0] = "elsewhere"
+
+
+def reads_a_later_value(m):
+    m.graph.node.insert(0, helper.make_node("Relu", ["c"], ["r"]))
+
+
+def function_output_never_produced(m):
+    m.functions.append(helper.make_function("local", "F", ["x"], ["y"], [helper.make_node("Relu", ["x"], ["z"])],
+                                            [helper.make_opsetid("", 17)]))
+    m.opset_import.append(helper.make_opsetid("local", 1))
+    m.graph.node.append(helper.make_node("F", ["c"], ["d"], domain="local"))
+
+
+def subgraph_reads_an_unknown_value(m):
+    branch = helper.make_graph([helper.make_node("Identity", ["ghost"], ["o"])], "branch", [],
+                               [helper.make_tensor_value_info("o", TensorProto.FLOAT, None)])
+    m.graph.initializer.append(numpy_helper.from_array(np.array(True), "flag"))
+    m.graph.node.append(helper.make_node("If", ["flag"], ["i"], then_branch=branch, else_branch=branch))
+
+
+@pytest.mark.parametrize("break_it, message", [
+    (output_never_produced, "graph 'add' returns 'c', which nothing in it or around it defines"),
+    (reads_a_later_value, "node 'Relu' of graph 'add' reads 'c', which is not an input, an initializer or an output"),
+    (function_output_never_produced, "function 'F' returns 'y', which none of its inputs or nodes defines"),
+    (subgraph_reads_an_unknown_value, "node 'Identity' of graph 'branch' reads 'ghost'"),
+])
+def test_every_value_is_defined_before_it_is_read(break_it, message):
+    model = add_model()
+    break_it(model)
+    with pytest.raises(ModelLoadError, match=message):
+        onnxtrain.load(model, check=False)
+
+
+def test_a_name_that_is_not_utf8_is_refused():
+    """protobuf parses invalid UTF-8 in a string field (op_type here) as bytes instead of refusing it."""
+    data = add_model().SerializeToString().replace(b"\x03Add", b"\x03\xffdd")
+    with pytest.raises(ModelLoadError, match=r"model.graph.node\[0\].op_type is not valid UTF-8"):
+        onnxtrain.load(data, check=False)
+
+
 @pytest.mark.parametrize("break_it, message", [
     (unknown_type, "initializer 'b' has unknown element type 99"),
     (short_raw_data, r"initializer 'b' has 8 bytes of raw_data where its dims \[3\] and type FLOAT need 12"),
