@@ -12,7 +12,7 @@ class ModelLoadError(OnnxTrainError):
 
 
 class ExternalDataError(ModelLoadError):
-    """An external-data location is missing or points outside the model's folder."""
+    """An external-data reference is malformed, missing, outside the model's folder, or in a model without one."""
 
 
 class UnsupportedOpError(OnnxTrainError):

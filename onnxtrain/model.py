@@ -7,6 +7,7 @@ trace time. Nodes nothing can run are collected and reported together.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,12 +16,15 @@ from typing import Any
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import numpy_helper
 
 from . import lower  # noqa: F401  (registers every op)
-from .big_models import check_large_model, exceeds_protobuf_limit
-from .errors import ExternalDataError, ModelLoadError, UnsupportedOpError
+from . import tensor_data
+from .big_models import PROTOBUF_LIMIT, check_large_model, exceeds_protobuf_limit
+from .errors import ModelLoadError, UnsupportedOpError
+from .external_data import inline_external_data, open_regular_file
 from .lower.registry import OpImpl, canonical_domain, lookup, schema_for
+from .tensor_data import decode_utf8, known_type, tensor_value
+from .well_formed import check_well_formed
 
 ModelSource = str | os.PathLike | bytes | onnx.ModelProto
 
@@ -74,57 +78,79 @@ class Resolver:
     missing: list[tuple[str, str, int]] = field(default_factory=list)
     checked: set[tuple[str, str]] = field(default_factory=set)  # local functions whose bodies were bound
 
-    def with_opsets(self, opset_import) -> "Resolver":
-        opsets = {canonical_domain(o.domain): o.version for o in opset_import}
-        return Resolver(opsets, self.functions, self.missing, self.checked)
+    def with_opsets(self, opset_import, owner: str = "a function") -> "Resolver":
+        return Resolver(opset_versions(opset_import, owner), self.functions, self.missing, self.checked)
+
+
+@functools.cache
+def newest_opsets() -> dict[str, int]:
+    """The newest version of each domain onnx.defs knows: a model importing a later one was written for operator
+    semantics this engine cannot know."""
+    newest = {"": onnx.defs.onnx_opset_version()}
+    for schema in onnx.defs.get_all_schemas_with_history():
+        domain = canonical_domain(schema.domain)
+        newest[domain] = max(newest.get(domain, 0), schema.since_version)
+    return newest
+
+
+def opset_versions(opset_import, owner: str) -> dict[str, int]:
+    """{domain: version} of an opset_import list, each version checked against what onnx.defs knows."""
+    versions = {}
+    for entry in opset_import:
+        domain = canonical_domain(entry.domain)
+        name = domain or "ai.onnx"
+        newest = newest_opsets().get(domain)
+        if entry.version < 1:
+            raise ModelLoadError(f"{owner} imports opset {name} version {entry.version}; versions start at 1")
+        if newest is not None and entry.version > newest:
+            raise ModelLoadError(
+                f"{owner} imports opset {name} version {entry.version}, newer than the newest onnx "
+                f"{onnx.__version__} knows ({newest})"
+            )
+        versions[domain] = entry.version
+    return versions
 
 
 def value_info(vi: onnx.ValueInfoProto) -> ValueInfo:
     tensor = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
     elem_type = tensor.elem_type if tensor is not None else None
+    if elem_type:  # 0 leaves the type unknown, which ONNX allows
+        known_type(elem_type, f"value {vi.name!r}")
     shape = None
     if tensor is not None and tensor.HasField("shape"):
         shape = tuple(
             d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim
         )
+        if any(isinstance(d, int) and d < 0 for d in shape):
+            raise ModelLoadError(f"value {vi.name!r} has a negative dimension in its shape {list(shape)}")
     return ValueInfo(vi.name, elem_type, shape, vi.type)
 
 
-def tensor_value(tensor: onnx.TensorProto) -> np.ndarray:
-    return numpy_helper.to_array(tensor)
+def sparse_to_dense(sparse: onnx.SparseTensorProto, label: str) -> np.ndarray:
+    return tensor_data.sparse_to_dense(sparse, label, max_bytes=PROTOBUF_LIMIT)
 
 
-def sparse_to_dense(sparse: onnx.SparseTensorProto) -> np.ndarray:
-    """A SparseTensorProto as a dense array (indices are flat positions, or one coordinate row per value)."""
-    values = tensor_value(sparse.values)
-    indices = tensor_value(sparse.indices).astype(np.int64)
-    dims = tuple(sparse.dims)
-    dense = np.zeros(int(np.prod(dims)), values.dtype)
-    flat = indices if indices.ndim == 1 else np.ravel_multi_index(tuple(indices.T), dims)
-    dense[flat] = values
-    return dense.reshape(dims)
-
-
-def decode_attribute(attr: onnx.AttributeProto, resolver: Resolver) -> Any:
+def decode_attribute(attr: onnx.AttributeProto, resolver: Resolver, owner: str = "") -> Any:
     kind = onnx.AttributeProto
+    what = f"attribute {attr.name!r}{owner}"
     decoders = {
         kind.FLOAT: lambda: float(attr.f),
         kind.INT: lambda: int(attr.i),
-        kind.STRING: lambda: attr.s.decode("utf-8"),
-        kind.TENSOR: lambda: tensor_value(attr.t),
-        kind.SPARSE_TENSOR: lambda: sparse_to_dense(attr.sparse_tensor),
+        kind.STRING: lambda: decode_utf8(attr.s, what),
+        kind.TENSOR: lambda: tensor_value(attr.t, what),
+        kind.SPARSE_TENSOR: lambda: sparse_to_dense(attr.sparse_tensor, what),
         kind.GRAPH: lambda: build_graph(attr.g, resolver),
         kind.TYPE_PROTO: lambda: attr.tp,
         kind.FLOATS: lambda: [float(f) for f in attr.floats],
         kind.INTS: lambda: [int(i) for i in attr.ints],
-        kind.STRINGS: lambda: [s.decode("utf-8") for s in attr.strings],
-        kind.TENSORS: lambda: [tensor_value(t) for t in attr.tensors],
+        kind.STRINGS: lambda: [decode_utf8(s, what) for s in attr.strings],
+        kind.TENSORS: lambda: [tensor_value(t, what) for t in attr.tensors],
         kind.GRAPHS: lambda: [build_graph(g, resolver) for g in attr.graphs],
-        kind.SPARSE_TENSORS: lambda: [sparse_to_dense(t) for t in attr.sparse_tensors],
+        kind.SPARSE_TENSORS: lambda: [sparse_to_dense(t, what) for t in attr.sparse_tensors],
         kind.TYPE_PROTOS: lambda: list(attr.type_protos),
     }
     if attr.type not in decoders:
-        raise ModelLoadError(f"attribute {attr.name!r} has unknown type {attr.type}")
+        raise ModelLoadError(f"{what} has unknown type {attr.type}")
     return decoders[attr.type]()
 
 
@@ -151,7 +177,8 @@ def build_node(
 ) -> Node:
     domain = canonical_domain(proto.domain)
     raw = tuple(substitute_attribute_refs(proto.attribute, caller_attributes))
-    attributes = {a.name: decode_attribute(a, resolver) for a in raw}
+    owner = f" of node {proto.name or proto.op_type!r}"
+    attributes = {a.name: decode_attribute(a, resolver, owner) for a in raw}
     opset = resolver.opsets.get(domain)
     function = resolver.functions.get((proto.domain, proto.op_type))
     impl, since_version = None, None
@@ -190,9 +217,9 @@ def schema_has_body(schema: onnx.defs.OpSchema | None, opset: int | None) -> boo
 
 
 def build_graph(proto: onnx.GraphProto, resolver: Resolver) -> Graph:
-    initializers = {t.name: tensor_value(t) for t in proto.initializer}
+    initializers = {t.name: tensor_value(t, f"initializer {t.name!r}") for t in proto.initializer}
     for sparse in proto.sparse_initializer:
-        initializers[sparse.values.name] = sparse_to_dense(sparse)
+        initializers[sparse.values.name] = sparse_to_dense(sparse, f"sparse initializer {sparse.values.name!r}")
     return Graph(
         name=proto.name,
         inputs=tuple(value_info(v) for v in proto.input),
@@ -208,25 +235,25 @@ def check_function_body(key: tuple[str, str], resolver: Resolver) -> None:
         return
     resolver.checked.add(key)
     function = resolver.functions[key]
-    inner = resolver.with_opsets(function.opset_import)
+    inner = resolver.with_opsets(function.opset_import, f"function {function.name!r}")
     for node in function.node:
         build_node(node, inner, caller_attributes=None)
 
 
 def read_model(source: ModelSource) -> tuple[onnx.ModelProto, Path | None]:
-    """Parse `source` and resolve external data; returns the proto and the folder it was read from."""
+    """Parse `source` and inline its external data; returns the proto and the folder it was read from. A model
+    given as bytes or a ModelProto has no folder, so external data in it is refused (see external_data.py)."""
     if isinstance(source, onnx.ModelProto):
+        inline_external_data(source, None)
         return source, None
     folder = None
     if isinstance(source, (bytes, bytearray)):
         data, what = bytes(source), "the given bytes"
     else:
         path = Path(source)
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise ModelLoadError(f"cannot read model file {str(path)!r}: {exc.strerror}") from exc
-        folder, what = path.resolve().parent, f"file {str(path)!r}"
+        what = f"file {str(path)!r}"
+        data = read_model_file(path, what)
+        folder = path.resolve().parent
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
@@ -234,38 +261,22 @@ def read_model(source: ModelSource) -> tuple[onnx.ModelProto, Path | None]:
         raise ModelLoadError(f"{what} is not an ONNX model (protobuf parse failed: {exc})") from exc
     if model.ir_version <= 0 or not model.HasField("graph"):
         raise ModelLoadError(f"{what} is not an ONNX model (no ir_version or graph)")
-    if folder is not None:
-        load_external_data(model, folder)
+    inline_external_data(model, folder)
     return model, folder
 
 
-def external_tensors(model: onnx.ModelProto):
-    from onnx.external_data_helper import _get_all_tensors, _get_attribute_tensors_from_graph
-    from onnx.external_data_helper import _get_initializer_tensors_from_graph, uses_external_data
-
-    # onnx's walk skips training_info, whose initializers (optimizer state) export also moves to external data
-    training = [g for info in model.training_info for g in (info.initialization, info.algorithm)]
-    tensors = [*_get_all_tensors(model)]
-    for graph in training:
-        tensors += [*_get_initializer_tensors_from_graph(graph), *_get_attribute_tensors_from_graph(graph)]
-    return [t for t in tensors if uses_external_data(t)]
-
-
-def load_external_data(model: onnx.ModelProto, folder: Path) -> None:
-    from onnx.external_data_helper import ExternalDataInfo, load_external_data_for_tensor
-
-    for tensor in external_tensors(model):
-        location = ExternalDataInfo(tensor).location
-        target = (folder / location).resolve()
-        if os.path.isabs(location) or not target.is_relative_to(folder):
-            raise ExternalDataError(
-                f"tensor {tensor.name!r}: external data location {location!r} is outside the model's folder"
+def read_model_file(path: Path, what: str) -> bytes:
+    """The bytes of a model file: a regular file no larger than a protobuf message can be."""
+    if "\0" in str(path):
+        raise ModelLoadError(f"model path {str(path)!r} contains a NUL byte")
+    file, size = open_regular_file(path, ModelLoadError, f"model {what}")
+    with file:
+        if size > PROTOBUF_LIMIT:
+            raise ModelLoadError(
+                f"model {what} has {size} bytes, more than a protobuf message can hold ({PROTOBUF_LIMIT}); "
+                "keep large weights in external data"
             )
-        if not target.is_file():
-            raise ExternalDataError(f"tensor {tensor.name!r}: external data file {location!r} not found")
-        load_external_data_for_tensor(tensor, str(folder))
-        tensor.data_location = onnx.TensorProto.DEFAULT
-        del tensor.external_data[:]
+        return file.read(PROTOBUF_LIMIT + 1)
 
 
 def check_model(model: onnx.ModelProto) -> None:
@@ -279,9 +290,10 @@ def check_model(model: onnx.ModelProto) -> None:
 
 
 def model_resolver(model: onnx.ModelProto) -> Resolver:
-    opsets = {canonical_domain(o.domain): o.version for o in model.opset_import}
+    """The opsets and functions nodes bind with, once the model is known to be well formed (well_formed.py)."""
+    check_well_formed(model)
     functions = {(f.domain, f.name): f for f in model.functions}
-    return Resolver(opsets, functions)
+    return Resolver(opset_versions(model.opset_import, "the model"), functions)
 
 
 def raise_if_missing(resolver: Resolver) -> None:

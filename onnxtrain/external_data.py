@@ -1,0 +1,166 @@
+"""External data: every tensor of a model whose bytes live in another file, read only from the model's folder.
+
+The rule (docs/semantics.md, "External data"): a location is a relative path that, symlinks resolved, stays inside
+the folder of the model file; the file is a regular file; `offset`/`length` are non-negative integers and the
+range holds exactly the bytes the tensor's dims and type need. A model given as bytes or a ModelProto has no
+folder, so it may not reference external data at all. Every tensor is visited (main graph, training graphs,
+sparse initializers, attribute tensors, subgraphs, functions), not only the ones onnx's helper walks, and nothing
+beyond the tensor's bytes is read.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import onnx
+from onnx import TensorProto
+
+from .errors import ExternalDataError, ModelLoadError
+from .tensor_data import raw_size
+
+
+def open_regular_file(path: Path, error: type[ModelLoadError], what: str) -> tuple[BinaryIO, int]:
+    """Open `path` for reading, and its size, only if it is a regular file: reading a FIFO blocks and a device such
+    as /dev/zero never ends. O_NONBLOCK keeps even the open of a FIFO swapped in after the stat from blocking."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise error(f"{what} is not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise error(f"{what} cannot be read: {exc.strerror}") from exc
+    file = os.fdopen(fd, "rb")
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        file.close()
+        raise error(f"{what} is not a regular file")
+    return file, info.st_size
+
+
+def attribute_tensors(attributes: Iterable[onnx.AttributeProto], owner: str) -> Iterator[tuple[str, TensorProto]]:
+    """Every tensor held by these attributes, whatever their declared type, subgraphs included."""
+    for attr in attributes:
+        label = f"attribute {attr.name!r} of {owner}"
+        if attr.HasField("t"):
+            yield label, attr.t
+        yield from ((label, t) for t in attr.tensors)
+        sparse = [attr.sparse_tensor] if attr.HasField("sparse_tensor") else []
+        for s in sparse + list(attr.sparse_tensors):
+            yield f"{label} (sparse values)", s.values
+            yield f"{label} (sparse indices)", s.indices
+        if attr.HasField("g"):
+            yield from graph_tensors(attr.g)
+        for g in attr.graphs:
+            yield from graph_tensors(g)
+
+
+def graph_tensors(graph: onnx.GraphProto) -> Iterator[tuple[str, TensorProto]]:
+    for t in graph.initializer:
+        yield f"initializer {t.name!r} of graph {graph.name!r}", t
+    for s in graph.sparse_initializer:
+        yield f"sparse initializer {s.values.name!r} of graph {graph.name!r} (values)", s.values
+        yield f"sparse initializer {s.values.name!r} of graph {graph.name!r} (indices)", s.indices
+    for node in graph.node:
+        yield from attribute_tensors(node.attribute, f"node {node.name or node.op_type!r} of graph {graph.name!r}")
+
+
+def model_tensors(model: onnx.ModelProto) -> Iterator[tuple[str, TensorProto]]:
+    """Every TensorProto of the model, each with a label naming where it stands."""
+    yield from graph_tensors(model.graph)
+    for info in model.training_info:
+        yield from graph_tensors(info.initialization)
+        yield from graph_tensors(info.algorithm)
+    for function in model.functions:
+        owner = f"function {function.name!r}"
+        yield from attribute_tensors(function.attribute_proto, owner)
+        for node in function.node:
+            yield from attribute_tensors(node.attribute, f"node {node.name or node.op_type!r} of {owner}")
+
+
+def is_external(tensor: TensorProto) -> bool:
+    return tensor.data_location == TensorProto.EXTERNAL
+
+
+def entries(tensor: TensorProto, label: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for entry in tensor.external_data:
+        if entry.key in found:
+            raise ExternalDataError(f"{label}: external data key {entry.key!r} is given twice")
+        found[entry.key] = entry.value
+    return found
+
+
+def non_negative(entries_: dict[str, str], key: str, label: str) -> int | None:
+    if key not in entries_:
+        return None
+    text = entries_[key]
+    if not text.isascii() or not text.isdigit():
+        raise ExternalDataError(f"{label}: external data {key} {text!r} is not a non-negative integer")
+    return int(text)
+
+
+def confined_path(location: str, folder: Path, label: str) -> Path:
+    """`location` resolved (symlinks included) inside `folder`, else ExternalDataError."""
+    if not location:
+        raise ExternalDataError(f"{label}: external data has no location")
+    if "\0" in location:
+        raise ExternalDataError(f"{label}: external data location {location!r} contains a NUL byte")
+    outside = ExternalDataError(f"{label}: external data location {location!r} is outside the model's folder")
+    if os.path.isabs(location):
+        raise outside
+    try:
+        target = (folder / location).resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+        raise ExternalDataError(f"{label}: external data location {location!r} cannot be resolved: {exc}") from exc
+    if not target.is_relative_to(folder.resolve()):
+        raise outside
+    return target
+
+
+def read_tensor_bytes(tensor: TensorProto, label: str, folder: Path) -> bytes:
+    """Exactly the bytes `tensor` needs, read from its confined external-data file."""
+    found = entries(tensor, label)
+    location = found.get("location", "")
+    target = confined_path(location, folder, label)
+    needed = raw_size(tensor, label, ExternalDataError)
+    offset = non_negative(found, "offset", label) or 0
+    length = non_negative(found, "length", label)
+    if length is not None and length != needed:
+        raise ExternalDataError(
+            f"{label}: external data length {length} does not match the {needed} bytes its dims "
+            f"{list(tensor.dims)} and type need"
+        )
+    file, size = open_regular_file(target, ExternalDataError, f"{label}: external data file {location!r}")
+    with file:
+        # Without a length the data runs to the end of the file (onnx's rule), so the rest must be exactly it.
+        end_mismatch = size != offset + needed if length is None else size < offset + needed
+        if end_mismatch:
+            raise ExternalDataError(
+                f"{label}: external data file {location!r} has {size} bytes; the tensor needs bytes "
+                f"[{offset}, {offset + needed})"
+            )
+        file.seek(offset)
+        data = file.read(needed)
+    if len(data) != needed:  # the file shrank since its size was read
+        raise ExternalDataError(f"{label}: external data file {location!r} ended early")
+    return data
+
+
+def inline_external_data(model: onnx.ModelProto, folder: Path | None) -> None:
+    """Replace every external reference of `model` by the bytes it names; `folder` None (the model came as bytes
+    or a ModelProto) refuses any, since a relative location would otherwise resolve against the working dir."""
+    for label, tensor in model_tensors(model):
+        if not is_external(tensor):
+            continue
+        if folder is None:
+            location = entries(tensor, label).get("location", "")
+            raise ExternalDataError(
+                f"{label}: external data {location!r} can only be read from the model's folder; load the model "
+                "from its file path"
+            )
+        tensor.raw_data = read_tensor_bytes(tensor, label, folder)
+        tensor.data_location = TensorProto.DEFAULT
+        del tensor.external_data[:]

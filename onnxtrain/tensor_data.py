@@ -1,0 +1,125 @@
+"""Decoding a TensorProto to NumPy, after checking that its type is known and its data has exactly the size its
+dims and type declare: a malformed tensor is a ModelLoadError naming it, never a KeyError or a reshape error."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .errors import ExternalDataError, ModelLoadError
+
+KNOWN_TYPES = frozenset(TensorProto.DataType.values()) - {TensorProto.UNDEFINED}
+
+# Sub-byte types pack several elements per byte of raw_data (and the 4- and 2-bit ones per typed-field entry too).
+BITS = {
+    TensorProto.INT4: 4, TensorProto.UINT4: 4, TensorProto.FLOAT4E2M1: 4,
+    TensorProto.INT2: 2, TensorProto.UINT2: 2,
+    TensorProto.FLOAT6E2M3: 6, TensorProto.FLOAT6E3M2: 6,
+}
+PER_FIELD_ENTRY = {TensorProto.INT4: 2, TensorProto.UINT4: 2, TensorProto.FLOAT4E2M1: 2,
+                   TensorProto.INT2: 4, TensorProto.UINT2: 4}
+COMPLEX = frozenset({TensorProto.COMPLEX64, TensorProto.COMPLEX128})
+
+
+def tensor_label(tensor: TensorProto, label: str | None) -> str:
+    return label or f"tensor {tensor.name!r}"
+
+
+def known_type(elem_type: int, what: str, error: type[ModelLoadError] = ModelLoadError) -> int:
+    if elem_type not in KNOWN_TYPES:
+        raise error(f"{what} has unknown element type {elem_type}")
+    return elem_type
+
+
+def element_count(tensor: TensorProto, label: str, error: type[ModelLoadError] = ModelLoadError) -> int:
+    if any(d < 0 for d in tensor.dims):
+        raise error(f"{label} has a negative dimension in {list(tensor.dims)}")
+    return math.prod(tensor.dims)
+
+
+def raw_size(tensor: TensorProto, label: str, error: type[ModelLoadError] = ModelLoadError) -> int:
+    """The bytes of raw_data (or external data) that `tensor`'s dims and type need."""
+    known_type(tensor.data_type, label, error)
+    if tensor.data_type == TensorProto.STRING:
+        raise error(f"{label}: a string tensor keeps its data in string_data, not in raw or external data")
+    count = element_count(tensor, label, error)
+    bits = BITS.get(tensor.data_type) or 8 * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    return -(-count * bits // 8)
+
+
+def field_entries(tensor: TensorProto, count: int) -> int:
+    """How many entries of its typed field (float_data, int32_data...) a tensor of `count` elements holds."""
+    if tensor.data_type in COMPLEX:
+        return 2 * count
+    return -(-count // PER_FIELD_ENTRY.get(tensor.data_type, 1))
+
+
+def decode_utf8(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ModelLoadError(f"{what} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
+
+
+def tensor_value(tensor: TensorProto, label: str | None = None) -> np.ndarray:
+    """`tensor` as a NumPy array; its data must already be in the proto (external data is inlined by read_model)."""
+    label = tensor_label(tensor, label)
+    if tensor.data_location == TensorProto.EXTERNAL:
+        raise ExternalDataError(
+            f"{label} references external data, which is only read when the model is loaded from its file path"
+        )
+    if tensor.HasField("segment"):
+        raise ModelLoadError(f"{label} is a segment of a tensor; segmented tensors are not supported")
+    known_type(tensor.data_type, label)
+    count = element_count(tensor, label)
+    if tensor.data_type == TensorProto.STRING:
+        if len(tensor.string_data) != count:
+            raise ModelLoadError(f"{label} has {len(tensor.string_data)} strings for dims {list(tensor.dims)}")
+        strings = [decode_utf8(s, f"a string of {label}") for s in tensor.string_data]
+        return np.array(strings, dtype=object).reshape(tuple(tensor.dims))
+    if tensor.HasField("raw_data"):
+        needed, held, unit = raw_size(tensor, label), len(tensor.raw_data), "bytes of raw_data"
+    else:
+        field = helper.tensor_dtype_to_field(tensor.data_type)
+        needed, held, unit = field_entries(tensor, count), len(getattr(tensor, field)), f"entries of {field}"
+    if held != needed:
+        raise ModelLoadError(
+            f"{label} has {held} {unit} where its dims {list(tensor.dims)} and type "
+            f"{TensorProto.DataType.Name(tensor.data_type)} need {needed}"
+        )
+    return numpy_helper.to_array(tensor)
+
+
+def sparse_to_dense(sparse: onnx.SparseTensorProto, label: str, max_bytes: int) -> np.ndarray:
+    """A SparseTensorProto as a dense array (indices are flat positions, or one coordinate row per value).
+    Its dense size is bounded by `max_bytes`: unlike a dense tensor, no data in the file backs it."""
+    values = tensor_value(sparse.values, f"{label} (values)")
+    indices = tensor_value(sparse.indices, f"{label} (indices)")
+    dims = tuple(sparse.dims)
+    if any(d < 0 for d in dims):
+        raise ModelLoadError(f"{label} has a negative dimension in {list(dims)}")
+    size = math.prod(dims)
+    if size * values.dtype.itemsize > max_bytes:
+        raise ModelLoadError(f"{label}: its dense form {list(dims)} would exceed {max_bytes} bytes")
+    nnz = values.size
+    shapes = [(nnz,), (nnz, len(dims))] if dims else [(nnz,)]
+    if values.ndim != 1 or indices.dtype != np.int64 or indices.shape not in shapes:
+        raise ModelLoadError(
+            f"{label}: values must be 1-D and indices int64 of shape [{nnz}] or [{nnz}, {len(dims)}], got values "
+            f"{list(values.shape)} and indices {indices.dtype} {list(indices.shape)}"
+        )
+    if indices.ndim == 2:
+        bounds = np.asarray(dims, np.int64)
+        if ((indices < 0) | (indices >= bounds)).any():
+            raise ModelLoadError(f"{label}: an index lies outside dims {list(dims)}")
+        flat = np.ravel_multi_index(tuple(indices.T), dims)
+    else:
+        if ((indices < 0) | (indices >= size)).any():
+            raise ModelLoadError(f"{label}: an index lies outside the {size} elements of dims {list(dims)}")
+        flat = indices
+    dense = np.zeros(size, values.dtype)
+    dense[flat] = values
+    return dense.reshape(dims)

@@ -1,0 +1,75 @@
+"""What the lowering relies on and onnx.checker would catch, checked even when the checker is skipped (check=False):
+every string field is text, and every value a node reads or a graph returns is defined before it is used."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import onnx
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from .errors import ModelLoadError
+
+
+def check_text_fields(message: Message, where: str = "the model") -> None:
+    """protobuf hands back a string field holding invalid UTF-8 (legal in proto2) as bytes, which every name lookup
+    would then trip over."""
+    for descriptor, value in message.ListFields():
+        items = list(value) if descriptor.is_repeated else [value]
+        if descriptor.type == FieldDescriptor.TYPE_MESSAGE:
+            for i, item in enumerate(items):
+                check_text_fields(item, f"{where}.{descriptor.name}" + (f"[{i}]" if descriptor.is_repeated else ""))
+        elif descriptor.type == FieldDescriptor.TYPE_STRING and any(not isinstance(i, str) for i in items):
+            raise ModelLoadError(f"{where}.{descriptor.name} is not valid UTF-8")
+
+
+def graph_defines(graph: onnx.GraphProto) -> set[str]:
+    return ({i.name for i in graph.input} | {t.name for t in graph.initializer}
+            | {s.values.name for s in graph.sparse_initializer})
+
+
+def check_nodes(nodes: Iterable[onnx.NodeProto], defined: set[str], owner: str) -> set[str]:
+    """Each node reads only names defined before it (ONNX's topological order; subgraphs see the enclosing scope
+    as it stands at their node); returns the names defined after the last node."""
+    defined = set(defined)
+    for node in nodes:
+        label = f"node {node.name or node.op_type!r} of {owner}"
+        for name in node.input:
+            if name and name not in defined:
+                raise ModelLoadError(
+                    f"{label} reads {name!r}, which is not an input, an initializer or an output of an earlier node"
+                )
+        for attr in node.attribute:
+            for subgraph in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                check_graph(subgraph, defined)
+        defined.update(node.output)
+    return defined
+
+
+def check_graph(graph: onnx.GraphProto, outer: set[str]) -> set[str]:
+    owner = f"graph {graph.name!r}"
+    defined = check_nodes(graph.node, outer | graph_defines(graph), owner)
+    for output in graph.output:
+        if output.name not in defined:
+            raise ModelLoadError(f"{owner} returns {output.name!r}, which nothing in it or around it defines")
+    return defined
+
+
+def check_value_scopes(model: onnx.ModelProto) -> None:
+    """Training graphs see the main graph's values (a train step runs it first)."""
+    main = check_graph(model.graph, set())
+    for info in model.training_info:
+        check_graph(info.initialization, main)
+        check_graph(info.algorithm, main)
+    for function in model.functions:
+        owner = f"function {function.name!r}"
+        defined = check_nodes(function.node, set(function.input), owner)
+        for output in function.output:
+            if output not in defined:
+                raise ModelLoadError(f"{owner} returns {output!r}, which none of its inputs or nodes defines")
+
+
+def check_well_formed(model: onnx.ModelProto) -> None:
+    check_text_fields(model)
+    check_value_scopes(model)

@@ -1,0 +1,224 @@
+"""External data is read only from the model's folder, for every tensor of the model, and exactly as declared."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxtrain
+from onnxtrain.errors import ExternalDataError
+from training_models import mlp_adam
+
+SECRET = np.arange(1, 3, dtype=np.float32)  # what a hostile location would pull in: 8 bytes, fits a [2] tensor
+
+
+def params() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {"W1": rng.normal(size=(3, 4)).astype(np.float32), "B1": np.zeros(4, np.float32),
+            "W2": rng.normal(size=(4, 2)).astype(np.float32), "B2": np.zeros(2, np.float32)}
+
+
+def make_external(tensor: onnx.TensorProto, location: str, **entries) -> None:
+    tensor.ClearField("raw_data")
+    tensor.ClearField("float_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in {"location": location, **entries}.items():
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, str(value)
+
+
+def sparse_b2_model() -> tuple[onnx.ModelProto, onnx.SparseTensorProto]:
+    """The MLP with its bias B2 as a sparse initializer (values at flat positions 0 and 1)."""
+    model = mlp_adam(params(), 0.1)
+    kept = [t for t in model.graph.initializer if t.name != "B2"]
+    model.graph.ClearField("initializer")
+    model.graph.initializer.extend(kept)
+    sparse = helper.make_sparse_tensor(numpy_helper.from_array(np.zeros(2, np.float32), "B2"),
+                                       numpy_helper.from_array(np.array([0, 1], np.int64), "B2_indices"), [2])
+    model.graph.sparse_initializer.append(sparse)
+    return model, model.graph.sparse_initializer[0]
+
+
+def with_constant(model: onnx.ModelProto, graph: onnx.GraphProto) -> onnx.TensorProto:
+    """A Constant [2] node added to `graph` (its output unused); returns its value tensor."""
+    graph.node.insert(0, helper.make_node("Constant", [], ["C_unused"], value=numpy_helper.from_array(
+        np.zeros(2, np.float32))))
+    return graph.node[0].attribute[0].t
+
+
+def algorithm_initializer(model):
+    return next(t for t in model.training_info[0].algorithm.initializer if t.name == "V_B2")
+
+
+def initialization_constant(model):
+    return with_constant(model, model.training_info[0].initialization)
+
+
+def main_constant(model):
+    return with_constant(model, model.graph)
+
+
+def function_constant(model):
+    """A model-local function whose body holds a Constant, called from the main graph."""
+    function = helper.make_function("local", "Two", [], ["c"], [helper.make_node("Constant", [], ["c"], value=(
+        numpy_helper.from_array(np.zeros(2, np.float32))))], [helper.make_opsetid("", 17)])
+    model.functions.append(function)
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    model.graph.node.insert(0, helper.make_node("Two", [], ["C_unused"], domain="local"))
+    return model.functions[0].node[0].attribute[0].t
+
+
+def if_branch_initializer(model):
+    """An If node (its output unused) whose then-branch has an initializer."""
+    def branch(name):
+        return helper.make_graph([helper.make_node("Identity", ["k"], ["o"])], name, [],
+                                 [helper.make_tensor_value_info("o", TensorProto.FLOAT, [2])],
+                                 [numpy_helper.from_array(np.zeros(2, np.float32), "k")])
+    model.graph.initializer.append(numpy_helper.from_array(np.array(True), "cond"))
+    model.graph.node.insert(0, helper.make_node("If", ["cond"], ["I_unused"], then_branch=branch("then"),
+                                                else_branch=branch("else")))
+    return model.graph.node[0].attribute[0].g.initializer[0]
+
+
+def sparse_values(model):
+    model.CopyFrom(sparse_b2_model()[0])
+    return model.graph.sparse_initializer[0].values
+
+
+def sparse_indices(model):
+    model.CopyFrom(sparse_b2_model()[0])
+    return model.graph.sparse_initializer[0].indices
+
+
+PLACES = [algorithm_initializer, initialization_constant, main_constant, function_constant, if_branch_initializer,
+          sparse_values]
+
+
+@pytest.mark.parametrize("place", PLACES + [sparse_indices], ids=lambda f: f.__name__)
+def test_every_tensor_is_confined_to_the_model_folder(tmp_path, monkeypatch, place):
+    """Run from inside the model's folder, so a location resolved against the working directory (as onnx's helper
+    does for the tensors it does not visit) would find the secret one level up."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (tmp_path / "secret.bin").write_bytes(SECRET.tobytes() * 2)
+    monkeypatch.chdir(folder)
+    model = mlp_adam(params(), 0.1)
+    make_external(place(model), "../secret.bin")
+    (folder / "m.onnx").write_bytes(model.SerializeToString())
+    with pytest.raises(ExternalDataError, match=r"'\.\./secret\.bin' is outside the model's folder"):
+        onnxtrain.load(folder / "m.onnx")
+
+
+@pytest.mark.parametrize("place", PLACES, ids=lambda f: f.__name__)
+def test_external_data_inside_the_folder_loads_wherever_the_tensor_is(tmp_path, place):
+    model = mlp_adam(params(), 0.1)
+    tensor = place(model)
+    make_external(tensor, "weights/data.bin", offset=4, length=8)
+    (tmp_path / "weights").mkdir()
+    (tmp_path / "weights" / "data.bin").write_bytes(b"head" + SECRET.tobytes() + b"tail")
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    engine = onnxtrain.load(tmp_path / "m.onnx")
+    assert engine is not None
+    if place is algorithm_initializer:
+        np.testing.assert_array_equal(engine.state["V_B2"], SECRET)
+    if place is sparse_values:
+        x = np.ones((1, 3), np.float32)
+        p = params()
+        expected = np.maximum(x @ p["W1"] + p["B1"], 0) @ p["W2"] + SECRET
+        np.testing.assert_allclose(engine.infer({"X": x})["Y"], expected, rtol=1e-6)
+
+
+def test_symlink_out_of_the_folder_is_refused(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (tmp_path / "secret.bin").write_bytes(SECRET.tobytes())
+    (folder / "link.bin").symlink_to(tmp_path / "secret.bin")
+    model = mlp_adam(params(), 0.1)
+    make_external(model.graph.initializer[3], "link.bin")
+    (folder / "m.onnx").write_bytes(model.SerializeToString())
+    with pytest.raises(ExternalDataError, match="'link.bin' is outside the model's folder"):
+        onnxtrain.load(folder / "m.onnx")
+
+
+@pytest.mark.parametrize("as_", ["bytes", "proto"])
+def test_a_model_without_a_folder_may_not_reference_external_data(tmp_path, monkeypatch, as_):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "b2.bin").write_bytes(SECRET.tobytes())
+    model = mlp_adam(params(), 0.1)
+    make_external(model.graph.initializer[3], "b2.bin")
+    source = model.SerializeToString() if as_ == "bytes" else model
+    with pytest.raises(ExternalDataError, match="initializer 'B2'.*load the model from its file path"):
+        onnxtrain.load(source)
+
+
+def fifo(folder):
+    os.mkfifo(folder / "data.bin")
+
+
+def directory(folder):
+    (folder / "data.bin").mkdir()
+
+
+def short_file(folder):
+    (folder / "data.bin").write_bytes(SECRET.tobytes()[:6])
+
+
+def long_file(folder):
+    (folder / "data.bin").write_bytes(SECRET.tobytes() * 2)
+
+
+def exact_file(folder):
+    (folder / "data.bin").write_bytes(SECRET.tobytes())
+
+
+@pytest.mark.parametrize("setup, entries, message", [
+    (exact_file, {"location": "/etc/hostname"}, "'/etc/hostname' is outside the model's folder"),
+    (exact_file, {"location": "data.bin\0.txt"}, "contains a NUL byte"),
+    (exact_file, {"location": ""}, "has no location"),
+    (exact_file, {"location": "data.bin", "offset": "-4"}, "offset '-4' is not a non-negative integer"),
+    (exact_file, {"location": "data.bin", "offset": "1.5"}, "offset '1.5' is not a non-negative integer"),
+    (exact_file, {"location": "data.bin", "length": "x"}, "length 'x' is not a non-negative integer"),
+    (exact_file, {"location": "data.bin", "length": "4"}, "length 4 does not match the 8 bytes"),
+    (exact_file, {"location": "data.bin", "offset": "4", "length": "8"}, r"has 8 bytes; the tensor needs .*\[4, 12\)"),
+    (exact_file, {"location": "data.bin", "offset": str(2**70)}, "has 8 bytes; the tensor needs"),
+    (short_file, {"location": "data.bin"}, r"has 6 bytes; the tensor needs bytes \[0, 8\)"),
+    (long_file, {"location": "data.bin"}, r"has 16 bytes; the tensor needs bytes \[0, 8\)"),  # no length: to EOF
+    (exact_file, {"location": "missing.bin"}, "'missing.bin' cannot be read: No such file"),
+    (directory, {"location": "data.bin"}, "'data.bin' is not a regular file"),
+    (fifo, {"location": "data.bin"}, "'data.bin' is not a regular file"),
+    (exact_file, {"location": "data.bin", "offset": "0", "offset ": "0"}, None),
+])
+def test_malformed_external_data_is_a_clear_error(tmp_path, setup, entries, message):
+    setup(tmp_path)
+    model = mlp_adam(params(), 0.1)
+    tensor = model.graph.initializer[3]  # B2, float [2]
+    make_external(tensor, **entries)
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    if message is None:  # unknown keys are ignored, as onnx does
+        np.testing.assert_array_equal(onnxtrain.load(tmp_path / "m.onnx").state["B2"], SECRET)
+        return
+    with pytest.raises(ExternalDataError, match=f"initializer 'B2'.*{message}"):
+        onnxtrain.load(tmp_path / "m.onnx")
+
+
+def test_duplicate_keys_are_refused(tmp_path):
+    exact_file(tmp_path)
+    model = mlp_adam(params(), 0.1)
+    make_external(model.graph.initializer[3], "data.bin")
+    entry = model.graph.initializer[3].external_data.add()
+    entry.key, entry.value = "location", "../secret.bin"
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    with pytest.raises(ExternalDataError, match="key 'location' is given twice"):
+        onnxtrain.load(tmp_path / "m.onnx")
+
+
+def test_engine_given_an_unresolved_proto_refuses_it():
+    """Engine(proto) skips read_model: the decoder itself refuses a tensor whose data is still elsewhere."""
+    model = mlp_adam(params(), 0.1)
+    make_external(model.graph.initializer[3], "b2.bin")
+    with pytest.raises(ExternalDataError, match="'B2' references external data"):
+        onnxtrain.Engine(model, check=False)

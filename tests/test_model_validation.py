@@ -1,0 +1,186 @@
+"""A malformed model file or proto is one ModelLoadError naming the culprit, never a traceback from NumPy or onnx,
+and reading it never blocks or reads without end."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxtrain
+from onnxtrain.errors import ModelLoadError
+
+
+def add_model() -> onnx.ModelProto:
+    """c = a + b, with b an initializer."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["c"])], "add",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, ["N", 3])],
+        [numpy_helper.from_array(np.ones(3, np.float32), "b")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_fifo_is_refused_without_blocking(tmp_path):
+    os.mkfifo(tmp_path / "m.onnx")
+    with pytest.raises(ModelLoadError, match="m.onnx' is not a regular file"):
+        onnxtrain.load(tmp_path / "m.onnx")
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
+def test_device_is_refused_without_reading_it():
+    with pytest.raises(ModelLoadError, match="'/dev/zero' is not a regular file"):
+        onnxtrain.load("/dev/zero")
+
+
+def test_file_larger_than_a_protobuf_is_refused_unread(tmp_path):
+    path = tmp_path / "huge.onnx"
+    with open(path, "wb") as f:
+        f.truncate(2**31)  # sparse: no disk or memory spent
+    with pytest.raises(ModelLoadError, match="huge.onnx' has 2147483648 bytes, more than a protobuf"):
+        onnxtrain.load(path)
+
+
+def unknown_type(m):
+    m.graph.initializer[0].data_type = 99
+
+
+def short_raw_data(m):
+    m.graph.initializer[0].raw_data = b"\0" * 8
+
+
+def huge_dims(m):
+    m.graph.initializer[0].dims[:] = [2**62]
+
+
+def negative_dims(m):
+    m.graph.initializer[0].dims[:] = [-1]
+
+
+def segment(m):
+    m.graph.initializer[0].segment.begin = 0
+
+
+def too_few_floats(m):
+    t = m.graph.initializer[0]
+    t.ClearField("raw_data")
+    t.float_data[:] = [1.0, 2.0]
+
+
+def newer_opset(m):
+    m.opset_import[0].version = 10**6
+
+
+def opset_zero(m):
+    m.opset_import[0].version = 0
+
+
+def function_opset(m):
+    m.functions.append(helper.make_function("local", "F", ["x"], ["y"], [helper.make_node("Relu", ["x"], ["y"])],
+                                            [helper.make_opsetid("", 10**6)]))
+    m.opset_import.append(helper.make_opsetid("local", 1))
+    m.graph.node.append(helper.make_node("F", ["c"], ["d"], domain="local"))
+
+
+def non_utf8_string_attribute(m):
+    m.graph.node.insert(0, helper.make_node("Constant", [], ["s"], value_string="x", name="const"))
+    m.graph.node[0].attribute[0].s = b"\xff"
+
+
+def non_utf8_string_tensor(m):
+    t = helper.make_tensor("words", TensorProto.STRING, [1], [b"\xff"])
+    m.graph.initializer.append(t)
+
+
+def unknown_input_type(m):
+    m.graph.input[0].type.tensor_type.elem_type = 99
+
+
+def negative_input_dim(m):
+    m.graph.input[0].type.tensor_type.shape.dim[1].dim_value = -3
+
+
+def sparse_index_out_of_range(m):
+    m.graph.sparse_initializer.append(helper.make_sparse_tensor(
+        numpy_helper.from_array(np.ones(1, np.float32), "sp"), numpy_helper.from_array(np.array([7], np.int64)), [3]))
+
+
+def sparse_too_large(m):
+    m.graph.sparse_initializer.append(helper.make_sparse_tensor(
+        numpy_helper.from_array(np.ones(1, np.float32), "sp"), numpy_helper.from_array(np.array([0], np.int64)),
+        [2**40]))
+
+
+def output_never_produced(m):
+    m.graph.node[0].output[0] = "elsewhere"
+
+
+def reads_a_later_value(m):
+    m.graph.node.insert(0, helper.make_node("Relu", ["c"], ["r"]))
+
+
+def function_output_never_produced(m):
+    m.functions.append(helper.make_function("local", "F", ["x"], ["y"], [helper.make_node("Relu", ["x"], ["z"])],
+                                            [helper.make_opsetid("", 17)]))
+    m.opset_import.append(helper.make_opsetid("local", 1))
+    m.graph.node.append(helper.make_node("F", ["c"], ["d"], domain="local"))
+
+
+def subgraph_reads_an_unknown_value(m):
+    branch = helper.make_graph([helper.make_node("Identity", ["ghost"], ["o"])], "branch", [],
+                               [helper.make_tensor_value_info("o", TensorProto.FLOAT, None)])
+    m.graph.initializer.append(numpy_helper.from_array(np.array(True), "flag"))
+    m.graph.node.append(helper.make_node("If", ["flag"], ["i"], then_branch=branch, else_branch=branch))
+
+
+@pytest.mark.parametrize("break_it, message", [
+    (output_never_produced, "graph 'add' returns 'c', which nothing in it or around it defines"),
+    (reads_a_later_value, "node 'Relu' of graph 'add' reads 'c', which is not an input, an initializer or an output"),
+    (function_output_never_produced, "function 'F' returns 'y', which none of its inputs or nodes defines"),
+    (subgraph_reads_an_unknown_value, "node 'Identity' of graph 'branch' reads 'ghost'"),
+])
+def test_every_value_is_defined_before_it_is_read(break_it, message):
+    model = add_model()
+    break_it(model)
+    with pytest.raises(ModelLoadError, match=message):
+        onnxtrain.load(model, check=False)
+
+
+def test_a_name_that_is_not_utf8_is_refused():
+    """protobuf parses invalid UTF-8 in a string field (op_type here) as bytes instead of refusing it."""
+    data = add_model().SerializeToString().replace(b"\x03Add", b"\x03\xffdd")
+    with pytest.raises(ModelLoadError, match=r"model.graph.node\[0\].op_type is not valid UTF-8"):
+        onnxtrain.load(data, check=False)
+
+
+@pytest.mark.parametrize("break_it, message", [
+    (unknown_type, "initializer 'b' has unknown element type 99"),
+    (short_raw_data, r"initializer 'b' has 8 bytes of raw_data where its dims \[3\] and type FLOAT need 12"),
+    (huge_dims, r"initializer 'b' has 12 bytes of raw_data where its dims \[4611686018427387904\]"),
+    (negative_dims, r"initializer 'b' has a negative dimension in \[-1\]"),
+    (segment, "initializer 'b' is a segment"),
+    (too_few_floats, "initializer 'b' has 2 entries of float_data where its dims"),
+    (newer_opset, "imports opset ai.onnx version 1000000, newer than the newest onnx"),
+    (opset_zero, "imports opset ai.onnx version 0; versions start at 1"),
+    (function_opset, "function 'F' imports opset ai.onnx version 1000000"),
+    (non_utf8_string_attribute, "attribute 'value_string' of node 'const' is not valid UTF-8"),
+    (non_utf8_string_tensor, "a string of initializer 'words' is not valid UTF-8"),
+    (unknown_input_type, "value 'a' has unknown element type 99"),
+    (negative_input_dim, "value 'a' has a negative dimension"),
+    (sparse_index_out_of_range, "sparse initializer 'sp': an index lies outside the 3 elements"),
+    (sparse_too_large, r"sparse initializer 'sp': its dense form \[1099511627776\] would exceed"),
+])
+def test_malformed_model_is_one_model_load_error(break_it, message):
+    """Without onnx.checker (check=False) the engine's own decoding must still refuse; the checker, where it runs
+    first, may word it differently."""
+    model = add_model()
+    break_it(model)
+    with pytest.raises(ModelLoadError, match=message):
+        onnxtrain.load(model.SerializeToString(), check=False)
+    with pytest.raises(ModelLoadError):
+        onnxtrain.load(model.SerializeToString())
