@@ -16,9 +16,10 @@ from typing import Iterable
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 
 from .errors import AuthoringError
+from .tensor_data import tensor_value
 
 FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
@@ -88,7 +89,7 @@ def constants(model: onnx.ModelProto) -> dict[str, str]:
     reasons = {}
     for tensor in model.graph.initializer:
         if tensor.data_type in FLOAT_TYPES:
-            reason = constant_reason(numpy_helper.to_array(tensor), used.get(tensor.name, []))
+            reason = constant_reason(tensor_value(tensor), used.get(tensor.name, []))
             if reason:
                 reasons[tensor.name] = reason
     return reasons
@@ -134,7 +135,7 @@ def check_names(model: onnx.ModelProto, names: list[str]) -> None:
 def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> None:
     """Warn, once per kind, about chosen initializers the exporter merged, untied or broadcast."""
     used = uses(model.graph)
-    arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.name in set(chosen)}
+    arrays = {t.name: tensor_value(t) for t in model.graph.initializer if t.name in set(chosen)}
     merged = [f"{n} (every element {a.flat[0]:g}, read by {len(used[n])} nodes)" for n, a in arrays.items()
               if a.size > 1 and len(used.get(n, [])) > 1 and np.all(a == a.flat[0])]
     if merged:
