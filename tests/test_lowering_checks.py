@@ -54,14 +54,6 @@ def test_inputs_bound_to_one_type_parameter_must_agree():
         engine.infer({"X": np.ones((2, 3), np.int64)})
 
 
-def test_an_input_type_the_schema_does_not_allow():
-    graph = helper.make_graph([helper.make_node("Relu", ["X"], ["Y"], name="act")], "g",
-                              [vi("X", TensorProto.BOOL, [2])], [vi("Y", TensorProto.BOOL, [2])])
-    engine = onnxtrain.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), check=False)
-    with pytest.raises(NodeError, match=r"Relu 'act': input 0 \('X'\) is tensor\(bool\), which the schema's type T"):
-        engine.infer({"X": np.ones(2, bool)})
-
-
 def if_model(then_types, else_types):
     def branch(name, dtypes):
         nodes = [helper.make_node("Constant", [], [f"{name}{i}"], value=tensor(f"{name}{i}", np.ones(1, d)))

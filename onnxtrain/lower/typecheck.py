@@ -1,9 +1,9 @@
-"""A node's inputs against its schema's type constraints, and an If's branches against its outputs, checked as
+"""A node's inputs against its schema's type parameters, and an If's branches against its outputs, checked as
 the walker reaches the node.
 
 JAX promotes mixed dtypes silently (an int64 X times float weights gives floats), so a model that every ONNX
 runtime refuses (ONNX Runtime: "Type parameter (T) of Optype (Gemm) bound to different types") would run and
-return numbers. The schema says which element types each input takes, and which inputs share one type parameter.
+return numbers. The schema says which inputs share one type parameter, so must have one type.
 An If whose cond is known at trace time runs one branch only, so branches that disagree went unnoticed.
 """
 
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import onnx
+import onnx.defs
 
 from ..dtypes import onnx_type
 from ..errors import NodeError
@@ -26,14 +27,16 @@ if TYPE_CHECKING:
 
 
 @functools.cache
-def constraints(domain: str, op_type: str, opset: int) -> tuple[tuple[str, frozenset[str] | None, bool], ...]:
-    """Per formal input: (type parameter or fixed type, the allowed type strings (None for a fixed type), whether
-    the inputs it stands for share one type); empty without a schema."""
+def constraints(domain: str, op_type: str, opset: int) -> tuple[tuple[str, bool, bool], ...]:
+    """Per formal input: (type parameter, whether the inputs it stands for share one type, whether it is
+    variadic); only parameters with a choice of types; empty without a schema."""
     schema = schema_for(domain, op_type, opset)
     if schema is None:
         return ()
-    allowed = {c.type_param_str: frozenset(c.allowed_type_strs) for c in schema.type_constraints}
-    return tuple((f.type_str, allowed.get(f.type_str), f.is_homogeneous) for f in schema.inputs)
+    params = {c.type_param_str for c in schema.type_constraints if len(c.allowed_type_strs) > 1}
+    variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
+    return tuple((f.type_str if f.type_str in params else "", f.is_homogeneous, f.option == variadic)
+                 for f in schema.inputs)
 
 
 def type_string(value: Value) -> str | None:
@@ -69,23 +72,17 @@ def check_branches(node: "Node") -> None:
 
 
 def check_input_types(node: "Node", args: Sequence[Value]) -> None:
+    """Inputs bound to one type parameter have one type (Gemm's A, B and C are all T)."""
     formals = constraints(node.domain, node.op_type, node.opset)
-    if not formals:
-        return
     bound: dict[str, tuple[str, int]] = {}  # type parameter -> (type, first input binding it)
     for i, (name, value) in enumerate(zip(node.inputs, args)):
-        param, allowed, homogeneous = formals[min(i, len(formals) - 1)]  # a variadic last input repeats
+        if i >= len(formals) and not (formals and formals[-1][2]):
+            break  # more inputs than the schema has: the lowering reports it
+        param, homogeneous, _ = formals[min(i, len(formals) - 1)]  # a variadic last input repeats
         actual = type_string(value)
-        if actual is None:
-            continue
-        if allowed is None:  # a fixed type, e.g. Reshape's shape: tensor(int64)
-            allowed = frozenset({param})
-        if not any(t in allowed for t in (actual, f"optional({actual})")):
-            raise NodeError(f"{node.label}: input {i} ({name!r}) is {actual}, which the schema's type {param} "
-                            f"does not allow ({', '.join(sorted(allowed))})")
-        if len(allowed) == 1 or not homogeneous:
+        if not param or actual is None or (i >= len(formals) - 1 and formals[-1][2] and not homogeneous):
             continue
         first = bound.setdefault(param, (actual, i))
         if first[0] != actual:
             raise NodeError(f"{node.label}: input {i} ({name!r}) is {actual} but input {first[1]} "
-                            f"({node.inputs[first[1]]!r}) is {first[0]}; both have the schema's type {param}")
+                            f"({node.inputs[first[1]]!r}) is {first[0]}; the schema gives both type {param}")

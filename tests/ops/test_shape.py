@@ -267,7 +267,8 @@ def test_tile(opset):
 
 def test_tile_opset1_repeats_along_one_axis():
     x = np.arange(6.0).reshape(2, 3)
-    feeds = {"x": x, "tiles": np.array(3, np.int64), "axis": np.array(-1, np.int64)}
+    # Tile-1 gives input, tiles and axis one type T (a float type)
+    feeds = {"x": x, "tiles": np.array(3.0), "axis": np.array(-1.0)}
     (out,), _ = run(node_model("Tile", feeds, opset=1), feeds)
     np.testing.assert_array_equal(out, np.tile(x, (1, 3)))
 
