@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .errors import OnnxTrainError
 from .lower.registry import TRAINING_DOMAIN
+from .train_mode import add_training_forward
 
 LOSSES = ("mse", "cross_entropy", "bce_logits")
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "adam")
@@ -163,13 +164,16 @@ def make_trainable(
     prediction: str | None = None,
     ignore_index: int | None = None,
     reinitialize: bool = False,
+    train_mode: bool = False,
     **optimizer_options: float,
 ) -> onnx.ModelProto:
     """A copy of `model` carrying one TrainingInfoProto that trains `trainable` (default: every float
     initializer but BatchNormalization's running statistics, which stay as they are) on `loss` between
     `prediction` (default: the first graph output) and an algorithm input `target`. The rate is the algorithm
     input `learning_rate`, whose initializer is the default: feed it to schedule. `optimizer_options` are the
-    optimizer op's attributes (alpha, beta, epsilon, norm_coefficient...)."""
+    optimizer op's attributes (alpha, beta, epsilon, norm_coefficient...). `train_mode=True` trains as PyTorch's
+    `module.train()`: batch statistics and running-statistics updates in BatchNormalization, Dropout dropping,
+    while the inference graph stays in eval mode (onnxtrain/train_mode.py)."""
     if optimizer not in OPTIMIZERS:
         raise OnnxTrainError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     result = onnx.ModelProto()
@@ -179,6 +183,8 @@ def make_trainable(
     params = select_trainable(result, trainable)
     weights = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     b = Builder()
+    if train_mode:
+        prediction, loss = add_training_forward(b, result, prediction, loss)
     inputs = add_loss(b, graph, loss, prediction, ignore_index)
     add_optimizer(b, params, weights, optimizer, dict(optimizer_options))
     b.initializers.append(numpy_helper.from_array(np.asarray(learning_rate, np.float32), LEARNING_RATE))
