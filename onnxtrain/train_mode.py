@@ -113,18 +113,43 @@ def set_attribute(node: onnx.NodeProto, name: str, value) -> None:
     node.attribute.extend(kept + [helper.make_attribute(name, value)])
 
 
-def initializer_behind(graph: onnx.GraphProto, name: str, node: onnx.NodeProto, what: str) -> onnx.TensorProto:
-    """The initializer `name` is, looking through Identity nodes (TorchScript exports add some)."""
+def own_running_statistics(graph: onnx.GraphProto) -> None:
+    """Give each BatchNormalization's running statistics an initializer of their own. TorchScript's export shares
+    initializers of equal value (a fresh model's zero means and unit variances) through Identity nodes, and one
+    state variable cannot take the updates of two nodes."""
     initializers = {t.name: t for t in graph.initializer}
     producer = {out: n for n in graph.node for out in n.output}
-    while name not in initializers and name in producer and producer[name].op_type == "Identity":
-        name = producer[name].input[0]
-    if name not in initializers:
-        raise OnnxTrainError(
-            f"train_mode: the {what} {name!r} of BatchNormalization {node.name or node.output[0]!r} is not an "
-            "initializer, so it cannot be a state variable that training updates"
-        )
-    return initializers[name]
+    for node in batch_norms(graph):
+        for name in node.input[3:5]:
+            source = name
+            while source not in initializers and source in producer and producer[source].op_type == "Identity":
+                source = producer[source].input[0]
+            if source != name and source in initializers:
+                graph.node.remove(producer[name])
+                copy = onnx.TensorProto()
+                copy.CopyFrom(initializers[source])
+                copy.name = name
+                graph.initializer.append(copy)
+                initializers[name] = copy
+
+
+def batch_norms(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    return [n for n in graph.node if n.op_type == "BatchNormalization" and n.domain in ONNX_DOMAINS]
+
+
+def running_statistic(graph: onnx.GraphProto, node: onnx.NodeProto, index: int) -> onnx.TensorProto:
+    """Input `index` (3: mean, 4: variance) of a BatchNormalization: an initializer no other node updates."""
+    name, what = node.input[index], ("running mean", "running variance")[index - 3]
+    label = f"BatchNormalization {node.name or node.output[0]!r}"
+    tensor = next((t for t in graph.initializer if t.name == name), None)
+    if tensor is None:
+        raise OnnxTrainError(f"train_mode: the {what} {name!r} of {label} is not an initializer, so it cannot be "
+                             "a state variable that training updates")
+    readers = [n for n in batch_norms(graph) if name in n.input[3:5]]
+    if len(readers) > 1:
+        raise OnnxTrainError(f"train_mode: the {what} {name!r} of {label} is shared with another "
+                             "BatchNormalization; each node's running statistics need their own initializer")
+    return tensor
 
 
 def to_eval_mode(graph: onnx.GraphProto) -> None:
@@ -162,6 +187,7 @@ def add_training_forward(b: Builder, model: onnx.ModelProto, prediction: str, lo
             raise OnnxTrainError(f"train_mode: the model has no BatchNormalization or Dropout node; {KEEP_BATCH_NORM}")
         warnings.warn(f"train_mode: the model has no BatchNormalization node (only Dropout); {KEEP_BATCH_NORM}",
                       stacklevel=3)
+    own_running_statistics(graph)
     loss_output = loss.partition(":")[2] if loss.startswith("output:") else None
     nodes = ancestors(graph, [prediction] + ([loss_output] if loss_output else []))
     names = {n: PREFIX + n for n in produced(nodes)}
@@ -196,8 +222,7 @@ def dropping(b: Builder, node: onnx.NodeProto) -> onnx.NodeProto:
 
 def add_batch_statistics(b: Builder, graph: onnx.GraphProto, original: onnx.NodeProto, copy: onnx.NodeProto) -> None:
     """`copy` normalizing with the batch's statistics, and PyTorch's update of the running ones as state."""
-    mean = initializer_behind(graph, original.input[3], original, "running mean")
-    var = initializer_behind(graph, original.input[4], original, "running variance")
+    mean, var = running_statistic(graph, original, 3), running_statistic(graph, original, 4)
     momentum = float(attribute(original, "momentum", 0.9))
     y = copy.output[0]
     batch_mean, batch_var = f"{y}.batch_mean", f"{y}.batch_var"

@@ -117,6 +117,21 @@ def test_trains_like_torch_train_mode(how, optimizer, tmp_path):
     np.testing.assert_allclose(session.run(["logits"], {"x": x})[0], reference, rtol=1e-4, atol=1e-5)
 
 
+def test_a_fresh_torchscript_export_shares_no_running_statistics():
+    """TorchScript's export shares equal initializers: a fresh model's BatchNorms read one zero mean and one unit
+    variance through Identity nodes. Each still gets and updates its own running statistics."""
+    m = ResNetLike()
+    model = export(m, "torchscript-eval")
+    assert any(n.op_type == "Identity" for n in model.graph.node)
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="cross_entropy", optimizer="sgd", train_mode=True))
+    (x, y), = data(1)
+    engine.train_step({"x": x, "target": y})
+    torch_training(m, [(x, y)], "sgd", 1e-3)
+    for name, buffer in m.state_dict().items():
+        if "running" in name:
+            np.testing.assert_allclose(np.asarray(engine.state[name]), buffer.numpy(), rtol=1e-4, atol=1e-6)
+
+
 def test_dropout_drops_in_train_steps_only():
     m = module(dropout=0.5)
     model = onnxtrain.make_trainable(export(m, "torchscript-train"), loss="cross_entropy", optimizer="sgd",
