@@ -196,7 +196,7 @@ def add_training_forward(b: Builder, model: onnx.ModelProto, prediction: str, lo
         if copy.domain in ONNX_DOMAINS and copy.op_type == "BatchNormalization":
             add_batch_statistics(b, graph, node, copy)
         elif copy.domain in ONNX_DOMAINS and copy.op_type == "Dropout":
-            b.nodes.append(dropping(b, copy) if default_opset(model) >= 12 else copy)
+            b.nodes.append(dropping(b, copy))
         else:
             b.nodes.append(copy)
     to_eval_mode(graph)
@@ -210,7 +210,7 @@ def add_training_forward(b: Builder, model: onnx.ModelProto, prediction: str, lo
 
 
 def dropping(b: Builder, node: onnx.NodeProto) -> onnx.NodeProto:
-    """The Dropout with its `training_mode` input true (opset 12+; older ones always drop in a train step)."""
+    """The Dropout with its `training_mode` input true (an input since opset 12; train_mode needs 14)."""
     true = f"{PREFIX}training_mode"
     if not any(t.name == true for t in b.initializers):
         b.initializers.append(numpy_helper.from_array(np.array(True), true))
