@@ -115,3 +115,17 @@ def test_a_huge_loop_that_cannot_compile_is_refused():
     model = loop_model(1_000_000, body, ["y"], np.array([1], np.int64))
     with pytest.raises(onnxtrain.errors.NodeError, match="more than the 1024 iterations it may unroll"):
         onnxtrain.load(model).infer({})
+
+
+def test_a_torchscript_while_runs_in_jax_function():
+    """TorchScript exports `while` as a Loop with M = 2**63 - 1: trying it as a scan allocated range(M) eagerly
+    outside jit and aborted the process."""
+    import jax
+
+    torch.manual_seed(0)
+    module = torch.jit.script(WhileSmall())
+    x = np.random.default_rng(1).normal(size=(3, 4)).astype(np.float32)
+    fn, params = onnxtrain.jax_function(exported(module, (torch.from_numpy(x),), ["x"]))
+    with jax.enable_x64(True):
+        ours = np.asarray(fn(params, {"x": x})["y"])
+    np.testing.assert_allclose(ours, module(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-5)
