@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from .errors import AuthoringError
 from .lower.registry import TRAINING_DOMAIN
 from .parameters import FLOAT_TYPES, running_statistics, select_trainable  # noqa: F401 (running_statistics: API)
+from .train_mode import add_training_forward
 
 LOSSES = ("mse", "cross_entropy", "bce_logits")
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "adam")
@@ -183,6 +184,7 @@ def make_trainable(
     ignore_index: int | None = None,
     class_axis: int | None = None,
     reinitialize: bool = False,
+    train_mode: bool = False,
     **optimizer_options: float,
 ) -> onnx.ModelProto:
     """A copy of `model` carrying one TrainingInfoProto that trains `trainable` on `loss` between `prediction`
@@ -198,7 +200,9 @@ def make_trainable(
     `ignore_index` labels, e.g. Hugging Face's -100, count in neither sum nor mean) or "output:NAME" (a model
     output that is already the loss). The rate is the algorithm input `learning_rate`, whose initializer is the
     default: feed it to schedule. `optimizer_options` are the optimizer op's attributes (alpha, beta, epsilon,
-    norm_coefficient...)."""
+    norm_coefficient...). `train_mode=True` trains as PyTorch's `module.train()`: batch statistics and
+    running-statistics updates in BatchNormalization, Dropout dropping, while the inference graph stays in eval
+    mode (onnxtrain/train_mode.py)."""
     if optimizer not in OPTIMIZERS:
         raise AuthoringError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     if not (isinstance(learning_rate, (int, float)) and math.isfinite(learning_rate) and learning_rate >= 0):
@@ -208,6 +212,8 @@ def make_trainable(
     graph = result.graph
     prediction = prediction or graph.output[0].name
     b = Builder()
+    if train_mode:
+        prediction, loss = add_training_forward(b, result, prediction, loss)
     inputs = add_loss(b, graph, loss, prediction, ignore_index, class_axis)
     params = select_trainable(result, trainable)
     weights = {t.name: numpy_helper.to_array(t) for t in graph.initializer}

@@ -137,7 +137,8 @@ def cmd_make_trainable(args: argparse.Namespace) -> None:
     options = {k: v for k, v in given if v is not None}
     trainable = make_trainable(model, loss=args.loss, optimizer=args.optimizer, learning_rate=args.lr,
                                trainable=args.trainable, prediction=args.prediction, ignore_index=args.ignore_index,
-                               class_axis=args.class_axis, reinitialize=args.reinitialize, **options)
+                               class_axis=args.class_axis, reinitialize=args.reinitialize,
+                               train_mode=args.train_mode, **options)
     save_atomic(trainable, Path(args.output))
     print(f"wrote {args.output}: loss {args.loss}, optimizer {args.optimizer}, learning rate {args.lr}")
 
@@ -199,6 +200,8 @@ def parser() -> argparse.ArgumentParser:
     author.add_argument("--beta", type=float)
     author.add_argument("--epsilon", type=float)
     author.add_argument("--reinitialize", action="store_true", help="initialization graph re-draws weights")
+    author.add_argument("--train-mode", action="store_true", help="train as PyTorch's module.train(): "
+                        "BatchNorm on batch statistics, running statistics updated, Dropout dropping")
     author.add_argument("-o", "--output", required=True)
     author.set_defaults(run=cmd_make_trainable)
     export = sub.add_parser("export", help="write the model with a state checkpoint (.npz) applied")

@@ -4,7 +4,8 @@ Each op picks the cheapest faithful lowering. When everything that decides the c
 subgraph runs in Python (one branch inline, or the loop unrolled) so static values stay static and keep folding
 downstream. Otherwise the body is traced once into a structured lax primitive. A body that a lax primitive
 cannot hold (its carried values change shape, or one of its nodes needs a static value the primitive would make
-traced) falls back to unrolling, which needs the trip count at compile time.
+traced) falls back to unrolling, which needs the trip count at compile time. Unrolling stops at UNROLL_LIMIT
+iterations (tracing a million-step loop in Python takes minutes): a longer loop is a lax loop or an error.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from ..errors import NodeError, StaticValueRequired
 from .graph import NodeContext, Subgraph
 from .registry import op, versions
 from .values import Value, is_static, is_text, static_evaluation, static_ints, to_static
+
+
+UNROLL_LIMIT = 1024  # iterations run in Python at most: a longer static loop becomes a lax loop, or is refused
 
 
 class Unstructured(Exception):
@@ -164,8 +168,14 @@ class LoopRun:
         reason = "the loop is unrolled (its body cannot run inside lax.scan / lax.while_loop)"
         limit = None if self.M is None else int(np.asarray(self.static_input(0, "M", reason)).reshape(-1)[0])
         cond = np.array(True) if self.cond is None else self.static_input(1, "cond", reason)
+        too_long = Unstructured(f"its body cannot run inside lax.scan / lax.while_loop, and it runs more than the "
+                                f"{UNROLL_LIMIT} iterations it may unroll")
+        if self.cond is None and limit > UNROLL_LIMIT:
+            raise too_long
         i, per_step = 0, []
         while truth(cond) and (limit is None or i < limit):
+            if i == UNROLL_LIMIT:  # a condition that has not ended the loop yet
+                raise too_long
             new_cond, carried, ys = self.split(self.body(np.array(i, np.int64), cond, *carried, iteration=i))
             per_step.append(ys)
             i += 1
@@ -214,13 +224,16 @@ class LoopRun:
         """A static trip count M and a condition that stays true: lax.scan, which reverse-mode AD supports."""
         cond_in = np.array(True)
 
-        def step(carry: list, i: jax.Array) -> tuple[list, list]:
+        def step(carry: list, _: None) -> tuple[list, list]:
+            i, *carry = carry
             new_cond, carry, ys = self.split(self.body(i, cond_in, *carry, iteration=i))
             if self.cond is not None and not (is_static(new_cond) and truth(new_cond)):
                 raise CondVaries()
-            return carry, ys
+            return [i + 1, *carry], ys
 
-        final, ys = lax_scan(step, carried, jnp.arange(trip, dtype=jnp.int64), trip)
+        # the iteration number is carried, not scanned over: a TorchScript `while` exports M = 2**63 - 1, whose
+        # arange XLA cannot even allocate before the body shows that its condition varies
+        (_, *final), ys = lax_scan(step, [jnp.asarray(0, jnp.int64), *carried], None, trip)
         return (*final, *ys)
 
     def while_loop(self, carried: list, start: int, cond: Value) -> tuple:
@@ -243,8 +256,72 @@ class LoopRun:
             c = jnp.reshape(new_cond, c.shape).astype(c.dtype) if self.cond is not None else c
             return i + 1, c, v
 
-        _, _, final = lax.while_loop(going, step, (jnp.asarray(start, jnp.int64), cond0, list(carried)))
+        _, _, final = reversible_while_loop(going, step, (jnp.asarray(start, jnp.int64), cond0, list(carried)))
         return tuple(final)
+
+
+def zero_cotangent(x: Any) -> Any:
+    """The zero cotangent of `x`: zeros of its dtype, or JAX's float0 for integers and bools."""
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(np.shape(x), jax.dtypes.float0)
+
+
+def reversible_while_loop(going: Callable, step: Callable, init: Any) -> Any:
+    """`lax.while_loop(going, step, init)` that reverse-mode AD can differentiate, whatever decides the trip
+    count (a run-time M, a data-dependent condition).
+
+    The forward pass is the plain while loop and also counts its iterations n. The backward pass keeps no
+    per-iteration values (their number is unknown when tracing, so no buffer can hold them): for k = n-1 .. 0 it
+    recomputes the state before iteration k from `init` and pulls the cotangent back through that iteration.
+    That costs n (n + 1) / 2 body evaluations, against n for a scan; a loop whose trip count is known at compile
+    time is a lax.scan instead (LoopRun.scanned) and pays n."""
+    step_fn, step_consts = jax.closure_convert(step, init)  # the values being differentiated become arguments
+    going_fn, going_consts = jax.closure_convert(going, init)
+
+    def counted(step_consts: list, going_consts: list, init: Any) -> tuple[jax.Array, Any]:
+        return lax.while_loop(
+            lambda nc: going_fn(nc[1], *going_consts),
+            lambda nc: (nc[0] + 1, step_fn(nc[1], *step_consts)),
+            (jnp.asarray(0, jnp.int64), init),
+        )
+
+    @jax.custom_vjp
+    def run(step_consts: list, going_consts: list, init: Any) -> Any:
+        return counted(step_consts, going_consts, init)[1]
+
+    def forward(step_consts: list, going_consts: list, init: Any) -> tuple[Any, tuple]:
+        n, final = counted(step_consts, going_consts, init)
+        return final, (step_consts, going_consts, init, n)
+
+    def backward(residuals: tuple, cotangent: Any) -> tuple:
+        step_consts, going_consts, init, n = residuals
+        leaves, treedef = jax.tree_util.tree_flatten(init)
+        inexact = [jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves]
+        floats = lambda tree: [x for x, f in zip(jax.tree_util.tree_leaves(tree), inexact) if f]  # noqa: E731
+
+        def pull_back(j: jax.Array, acc: tuple) -> tuple:
+            d_state, d_consts = acc
+            before = lax.fori_loop(0, n - 1 - j, lambda _, s: step_fn(s, *step_consts), init)
+            others = jax.tree_util.tree_leaves(before)
+
+            def float_step(float_leaves: list, consts: list) -> list:
+                it = iter(float_leaves)
+                merged = [next(it) if f else x for x, f in zip(others, inexact)]
+                return floats(step_fn(jax.tree_util.tree_unflatten(treedef, merged), *consts))
+
+            _, vjp = jax.vjp(float_step, floats(before), list(step_consts))
+            d_before, d_step = vjp(d_state)
+            return d_before, jax.tree_util.tree_map(jnp.add, d_consts, d_step)
+
+        zeros = [jnp.zeros_like(c) for c in step_consts]
+        d_init, d_consts = lax.fori_loop(0, n, pull_back, (floats(cotangent), zeros))
+        it = iter(d_init)
+        d_init = [next(it) if f else zero_cotangent(x) for x, f in zip(leaves, inexact)]
+        return d_consts, [zero_cotangent(c) for c in going_consts], jax.tree_util.tree_unflatten(treedef, d_init)
+
+    run.defvjp(forward, backward)
+    return run(step_consts, going_consts, init)
 
 
 @op("Loop", *versions("Loop"))
@@ -255,7 +332,10 @@ def loop(M: Value = None, cond: Value = None, *initial: Value, body: Subgraph, c
         raise NodeError(f"{ctx.node.label}: a Loop with neither M nor cond never terminates")
     carried = list(initial)
     if is_static(M, cond, *initial) and reads_only_static(body):
-        return run.unrolled(carried)
+        try:
+            return run.unrolled(carried)
+        except Unstructured:
+            pass  # too long to unroll: a lax loop
     try:
         return run.structured(carried)
     except (Unstructured, StaticValueRequired):
@@ -269,8 +349,9 @@ def loop(M: Value = None, cond: Value = None, *initial: Value, body: Subgraph, c
 # -------------------------------------------------------------------------------------------------- Scan
 
 
-def run_scan(body: Subgraph, states: list, xs: list, length: int) -> tuple[list, list]:
-    """The body over `xs` (scan axis first, already in iteration order): lax.scan, else unrolled."""
+def run_scan(body: Subgraph, states: list, xs: list, length: int, label: str) -> tuple[list, list]:
+    """The body over `xs` (scan axis first, already in iteration order): lax.scan, else unrolled (static
+    values stay static) up to UNROLL_LIMIT steps."""
     n_state = len(states)
 
     def step(carry: list, x: list) -> tuple[list, list]:
@@ -282,11 +363,13 @@ def run_scan(body: Subgraph, states: list, xs: list, length: int) -> tuple[list,
 
     if length == 0:
         return lax_scan(step, states, xs, 0)  # nothing to unroll: the trace alone gives the output shapes
-    if not (is_static(*states, *xs) and reads_only_static(body)):
+    if length > UNROLL_LIMIT or not (is_static(*states, *xs) and reads_only_static(body)):
         try:
             return lax_scan(step, states, xs, length)
-        except (Unstructured, StaticValueRequired):
-            pass
+        except (Unstructured, StaticValueRequired) as exc:
+            if length > UNROLL_LIMIT:
+                raise NodeError(f"{label}: its body cannot run inside lax.scan ({exc}), and its {length} "
+                                f"iterations are more than the {UNROLL_LIMIT} it may unroll") from None
     return unrolled_scan(step, states, xs, length)
 
 
@@ -309,6 +392,7 @@ def scan(
     scan_input_directions: list[int] | None = None,
     scan_output_axes: list[int] | None = None,
     scan_output_directions: list[int] | None = None,
+    ctx: NodeContext,
 ) -> tuple:
     n_state = len(inputs) - num_scan_inputs
     states, sequences = list(inputs[:n_state]), inputs[n_state:]
@@ -318,7 +402,7 @@ def scan(
     lengths = {np.shape(x)[0] for x in xs}
     if len(lengths) > 1:
         raise NodeError(f"Scan: the scan inputs have different sequence lengths {sorted(lengths)}")
-    final, ys = run_scan(body, states, xs, lengths.pop() if lengths else 0)
+    final, ys = run_scan(body, states, xs, lengths.pop() if lengths else 0, ctx.node.label)
     out_axes = scan_output_axes or [0] * len(ys)
     out_dirs = scan_output_directions or [0] * len(ys)
     return (*final, *[output_major(y, axis, bool(d)) for y, axis, d in zip(ys, out_axes, out_dirs)])
@@ -331,6 +415,7 @@ def scan_batched(
     body: Subgraph,
     num_scan_inputs: int,
     directions: list[int] | None = None,
+    ctx: NodeContext,
 ) -> tuple:
     """Opset 8: axis 0 of every input is a batch, axis 1 of scan inputs the sequence; each batch entry scans
     its own `sequence_lens` steps, and scan outputs are zero-padded to the longest sequence."""
@@ -342,7 +427,7 @@ def scan_batched(
     finals, outputs = [], []
     for b, length in enumerate(lengths):
         xs = [scan_major(x[b, :length], 0, bool(d)) for x, d in zip(sequences, dirs)]
-        final, ys = run_scan(body, [s[b] for s in states], xs, length)
+        final, ys = run_scan(body, [s[b] for s in states], xs, length, ctx.node.label)
         finals.append(final)
         outputs.append([folded(lambda v: jnp.pad(v, [(0, steps - length)] + [(0, 0)] * (v.ndim - 1)), y) for y in ys])
     stack = lambda *v: jnp.stack(v)  # noqa: E731

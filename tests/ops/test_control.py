@@ -60,10 +60,21 @@ def graph_function(m):
 
 
 def primitives(m, *args):
-    """The primitives at the top of the main graph's jaxpr with every argument traced."""
+    """The primitives of the main graph's jaxpr with every argument traced, looking into custom-derivative
+    wrappers (a run-time Loop is a while loop inside a custom_vjp_call)."""
     with jax.enable_x64(True):
         jaxpr = jax.make_jaxpr(graph_function(m))(*args)
-    return {eqn.primitive.name for eqn in jaxpr.eqns}
+    return jaxpr_primitives(jaxpr.jaxpr)
+
+
+def jaxpr_primitives(jaxpr) -> set[str]:
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        if eqn.primitive.name.startswith("custom_"):
+            inner = eqn.params.get("call_jaxpr") or eqn.params.get("fun_jaxpr")
+            names |= jaxpr_primitives(getattr(inner, "jaxpr", inner))
+    return names
 
 
 # ---- If --------------------------------------------------------------------------------------------------------

@@ -1,0 +1,250 @@
+"""Train an exported model as PyTorch's `module.train()` does: `make_trainable(..., train_mode=True)`.
+
+The train step's forward pass is a copy of the inference graph's nodes in the algorithm graph (names prefixed
+`train/`) in which every BatchNormalization normalizes with the batch's statistics and every Dropout drops; the
+running mean and variance become state variables that each step updates with PyTorch's rule. The inference
+graph itself is put in eval mode (BatchNormalization `training_mode=0`, Dropout without `training_mode`), so
+`infer`, the exported model and any runtime use the running statistics. All of it is standard ONNX: another
+runtime that trains from TrainingInfoProto gets the same steps.
+
+PyTorch's update, for momentum `t` (ONNX stores `momentum = 1 - t`):
+    running_mean = (1 - t) * running_mean + t * batch_mean
+    running_var  = (1 - t) * running_var  + t * batch_var * n / (n - 1)     (the unbiased batch variance)
+while the batch is normalized with the biased variance. ONNX's own running_var output uses the biased one, so the
+copy asks its BatchNormalization for the batch statistics alone (`momentum=0` makes the running outputs exactly
+the batch mean and biased variance) and writes the update as plain ops.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .errors import OnnxTrainError
+
+if TYPE_CHECKING:
+    from .authoring import Builder
+
+PREFIX = "train/"
+ONNX_DOMAINS = ("", "ai.onnx")
+KEEP_BATCH_NORM = (
+    "export with torch.onnx.export(..., dynamo=False, do_constant_folding=False) (or "
+    "training=torch.onnx.TrainingMode.TRAINING), or with dynamo=True and optimize=False: the default exports fold "
+    "an eval-mode BatchNorm into the preceding Conv"
+)
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ONNX_DOMAINS), 1)
+
+
+def ancestors(graph: onnx.GraphProto, names: list[str]) -> list[onnx.NodeProto]:
+    """The nodes `names` depend on (subgraphs' outer reads included), in the graph's order."""
+    producer = {out: k for k, node in enumerate(graph.node) for out in node.output if out}
+    needed: set[int] = set()
+    pending = [producer[n] for n in names if n in producer]
+    while pending:
+        k = pending.pop()
+        if k in needed:
+            continue
+        needed.add(k)
+        pending += [producer[n] for n in reads(graph.node[k]) if n in producer]
+    return [graph.node[k] for k in sorted(needed)]
+
+
+def reads(node: onnx.NodeProto) -> set[str]:
+    """Every name a node reads, including those its subgraphs read from the enclosing scope."""
+    names = {n for n in node.input if n}
+    for graph in subgraphs(node):
+        for inner in graph.node:
+            names |= reads(inner)
+    return names
+
+
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else list(a.graphs))]
+
+
+def renamed(node: onnx.NodeProto, names: dict[str, str]) -> onnx.NodeProto:
+    """A copy of `node` whose values (subgraphs' too) are renamed by `names`, unknown names kept."""
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    rename_values(copy, names)
+    return copy
+
+
+def rename_values(node: onnx.NodeProto, names: dict[str, str]) -> None:
+    node.input[:] = [names.get(n, n) for n in node.input]
+    node.output[:] = [names.get(n, n) for n in node.output]
+    if node.name:
+        node.name = PREFIX + node.name
+    for graph in subgraphs(node):
+        for value in list(graph.input) + list(graph.output):
+            value.name = names.get(value.name, value.name)
+        for inner in graph.node:
+            rename_values(inner, names)
+
+
+def produced(nodes: list[onnx.NodeProto]) -> set[str]:
+    """Every value the nodes (and their subgraphs, inputs included) define: all get the training prefix."""
+    names: set[str] = set()
+    for node in nodes:
+        names.update(n for n in node.output if n)
+        for graph in subgraphs(node):
+            names.update(v.name for v in graph.input)
+            names |= produced(list(graph.node))
+    return names
+
+
+def attribute(node: onnx.NodeProto, name: str, default):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def set_attribute(node: onnx.NodeProto, name: str, value) -> None:
+    kept = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend(kept + [helper.make_attribute(name, value)])
+
+
+def own_running_statistics(graph: onnx.GraphProto) -> None:
+    """Give each BatchNormalization's running statistics an initializer of their own. TorchScript's export shares
+    initializers of equal value (a fresh model's zero means and unit variances) through Identity nodes, and one
+    state variable cannot take the updates of two nodes."""
+    initializers = {t.name: t for t in graph.initializer}
+    producer = {out: n for n in graph.node for out in n.output}
+    for node in batch_norms(graph):
+        for name in node.input[3:5]:
+            source = name
+            while source not in initializers and source in producer and producer[source].op_type == "Identity":
+                source = producer[source].input[0]
+            if source != name and source in initializers:
+                graph.node.remove(producer[name])
+                copy = onnx.TensorProto()
+                copy.CopyFrom(initializers[source])
+                copy.name = name
+                graph.initializer.append(copy)
+                initializers[name] = copy
+
+
+def batch_norms(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    return [n for n in graph.node if n.op_type == "BatchNormalization" and n.domain in ONNX_DOMAINS]
+
+
+def running_statistic(graph: onnx.GraphProto, node: onnx.NodeProto, index: int) -> onnx.TensorProto:
+    """Input `index` (3: mean, 4: variance) of a BatchNormalization: an initializer no other node updates."""
+    name, what = node.input[index], ("running mean", "running variance")[index - 3]
+    label = f"BatchNormalization {node.name or node.output[0]!r}"
+    tensor = next((t for t in graph.initializer if t.name == name), None)
+    if tensor is None:
+        raise OnnxTrainError(f"train_mode: the {what} {name!r} of {label} is not an initializer, so it cannot be "
+                             "a state variable that training updates")
+    readers = [n for n in batch_norms(graph) if name in n.input[3:5]]
+    if len(readers) > 1:
+        raise OnnxTrainError(f"train_mode: the {what} {name!r} of {label} is shared with another "
+                             "BatchNormalization; each node's running statistics need their own initializer")
+    return tensor
+
+
+def to_eval_mode(graph: onnx.GraphProto) -> None:
+    """The inference graph of a train-mode export in eval mode: BatchNormalization with the running statistics,
+    Dropout without its `training_mode` input (which defaults to false)."""
+    consumed = {n for node in graph.node for n in reads(node)} | {o.name for o in graph.output}
+    for node in graph.node:
+        if node.domain not in ONNX_DOMAINS:
+            continue
+        if node.op_type == "BatchNormalization" and attribute(node, "training_mode", 0):
+            used = sorted(set(node.output[1:]) & consumed - {""})
+            if used:
+                raise OnnxTrainError(
+                    f"train_mode: {used} (running statistics of BatchNormalization {node.name!r}) are read by the "
+                    "model; its inference graph cannot be put in eval mode"
+                )
+            set_attribute(node, "training_mode", 0)
+            del node.output[1:]
+        if node.op_type == "Dropout" and len(node.input) > 2:
+            del node.input[2:]
+
+
+def add_training_forward(b: Builder, model: onnx.ModelProto, prediction: str, loss: str) -> tuple[str, str]:
+    """Append the train-mode forward pass to the algorithm being built and put `model`'s inference graph in eval
+    mode; returns `prediction` and `loss` (an `output:NAME` loss included) as the forward pass names them."""
+    graph = model.graph
+    if default_opset(model) < 14:
+        raise OnnxTrainError(
+            f"train_mode: the model imports opset {default_opset(model)}; training BatchNormalization on batch "
+            "statistics needs opset 14 or later (its training_mode attribute): export with opset_version >= 14"
+        )
+    kinds = {node.op_type for node in graph.node if node.domain in ONNX_DOMAINS}
+    if "BatchNormalization" not in kinds:
+        if "Dropout" not in kinds:
+            raise OnnxTrainError(f"train_mode: the model has no BatchNormalization or Dropout node; {KEEP_BATCH_NORM}")
+        warnings.warn(f"train_mode: the model has no BatchNormalization node (only Dropout); {KEEP_BATCH_NORM}",
+                      stacklevel=3)
+    own_running_statistics(graph)
+    loss_output = loss.partition(":")[2] if loss.startswith("output:") else None
+    nodes = ancestors(graph, [prediction] + ([loss_output] if loss_output else []))
+    names = {n: PREFIX + n for n in produced(nodes)}
+    for node in nodes:
+        copy = renamed(node, names)
+        if copy.domain in ONNX_DOMAINS and copy.op_type == "BatchNormalization":
+            add_batch_statistics(b, graph, node, copy)
+        elif copy.domain in ONNX_DOMAINS and copy.op_type == "Dropout":
+            b.nodes.append(dropping(b, copy))
+        else:
+            b.nodes.append(copy)
+    to_eval_mode(graph)
+    declared = {v.name: v for v in list(graph.output) + list(graph.input) + list(graph.value_info)}
+    for name in [prediction, loss_output]:
+        if name in declared and name in names:
+            # the loss nodes read the copy's type here: the training graph is the concatenation of both graphs
+            graph.value_info.append(helper.make_value_info(names[name], declared[name].type))
+    prediction = names.get(prediction, prediction)
+    return prediction, (f"output:{names.get(loss_output, loss_output)}" if loss_output else loss)
+
+
+def dropping(b: Builder, node: onnx.NodeProto) -> onnx.NodeProto:
+    """The Dropout with its `training_mode` input true (an input since opset 12; train_mode needs 14)."""
+    true = f"{PREFIX}training_mode"
+    if not any(t.name == true for t in b.initializers):
+        b.initializers.append(numpy_helper.from_array(np.array(True), true))
+    while len(node.input) < 2:
+        node.input.append("")
+    node.input[2:] = [true]
+    return node
+
+
+def add_batch_statistics(b: Builder, graph: onnx.GraphProto, original: onnx.NodeProto, copy: onnx.NodeProto) -> None:
+    """`copy` normalizing with the batch's statistics, and PyTorch's update of the running ones as state."""
+    mean, var = running_statistic(graph, original, 3), running_statistic(graph, original, 4)
+    momentum = float(attribute(original, "momentum", 0.9))
+    y = copy.output[0]
+    batch_mean, batch_var = f"{y}.batch_mean", f"{y}.batch_var"
+    set_attribute(copy, "training_mode", 1)
+    set_attribute(copy, "momentum", 0.0)  # the "running" outputs are then exactly the batch's statistics
+    copy.output[:] = [y, batch_mean, batch_var]
+    b.nodes.append(copy)
+    dtype = numpy_helper.to_array(mean).dtype
+    keep, take = f"{y}.keep", f"{y}.take"
+    b.initializers += [numpy_helper.from_array(np.asarray(momentum, dtype), keep),
+                       numpy_helper.from_array(np.asarray(1 - momentum, dtype), take),
+                       numpy_helper.from_array(np.asarray(1, dtype), f"{y}.one")]
+    # n / (n - 1), n the values per channel: the unbiased variance PyTorch's running_var averages
+    b.node("Size", [copy.input[0]], [f"{y}.size"])
+    b.node("Size", [copy.input[1]], [f"{y}.channels"])
+    b.node("Div", [f"{y}.size", f"{y}.channels"], [f"{y}.n.int"])
+    b.node("Cast", [f"{y}.n.int"], [f"{y}.n"], to=mean.data_type)
+    b.node("Sub", [f"{y}.n", f"{y}.one"], [f"{y}.n-1"])
+    b.node("Div", [f"{y}.n", f"{y}.n-1"], [f"{y}.bessel"])
+    b.node("Mul", [batch_var, f"{y}.bessel"], [f"{y}.unbiased_var"])
+    for stat, batch in ((mean, batch_mean), (var, f"{y}.unbiased_var")):
+        b.node("Mul", [stat.name, keep], [f"{stat.name}.kept"])
+        b.node("Mul", [batch, take], [f"{stat.name}.taken"])
+        b.node("Add", [f"{stat.name}.kept", f"{stat.name}.taken"], [f"{stat.name}.next"])
+        b.update(stat.name, f"{stat.name}.next", helper.make_tensor_type_proto(stat.data_type, list(stat.dims)))

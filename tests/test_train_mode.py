@@ -1,0 +1,196 @@
+"""make_trainable(train_mode=True): a PyTorch export trains as `module.train()` does, checked against PyTorch."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+import onnxtrain
+from onnxtrain.errors import OnnxTrainError
+
+BATCH, CLASSES = 8, 5
+
+
+class ResNetLike(torch.nn.Module):
+    """conv-bn-relu, a residual block of two conv-bn, global average pool, linear."""
+
+    def __init__(self, dropout: float = 0.0):
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, padding=1), torch.nn.BatchNorm2d(6), torch.nn.ReLU())
+        self.conv1, self.bn1 = torch.nn.Conv2d(6, 6, 3, padding=1), torch.nn.BatchNorm2d(6, momentum=0.3)
+        self.conv2, self.bn2 = torch.nn.Conv2d(6, 6, 3, padding=1), torch.nn.BatchNorm2d(6)
+        self.dropout = torch.nn.Dropout(dropout)
+        self.fc = torch.nn.Linear(6, CLASSES)
+
+    def forward(self, x):
+        h = self.stem(x)
+        r = self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(h)))))
+        h = torch.relu(h + r)
+        return self.fc(self.dropout(h.mean(dim=(2, 3))))
+
+
+def data(steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    return [((rng.normal(size=(BATCH, 3, 8, 8)) * 2 + 1).astype(np.float32),
+             rng.integers(0, CLASSES, BATCH).astype(np.int64)) for _ in range(steps)]
+
+
+def module(dropout: float = 0.0) -> ResNetLike:
+    torch.manual_seed(0)
+    m = ResNetLike(dropout)
+    with torch.no_grad():  # running statistics away from their (0, 1) start, so that using them shows
+        for bn in (m.stem[1], m.bn1, m.bn2):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+            # distinct values: TorchScript's export shares equal initializers (all-ones scales), tying them
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-0.5, 0.5)
+    return m
+
+
+EXPORTS = {
+    # the default exports fold eval-mode BatchNorm into the Conv before it: these flags keep it
+    "torchscript-eval": dict(dynamo=False, do_constant_folding=False),
+    "torchscript-train": dict(dynamo=False, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False),
+    "dynamo-eval": dict(dynamo=True, optimize=False),
+}
+
+
+def export(m: torch.nn.Module, how: str, **flags) -> onnx.ModelProto:
+    m.train(how.endswith("train"))
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, (torch.zeros(BATCH, 3, 8, 8),), f, input_names=["x"], output_names=["logits"],
+                          opset_version=18, **{**EXPORTS.get(how, {}), **flags})
+    m.eval()
+    return onnx.load_from_string(f.getvalue())
+
+
+def torch_training(m: torch.nn.Module, batches, optimizer: str, lr: float) -> list[float]:
+    m.train()
+    opt = torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9 if optimizer == "momentum" else 0.0)
+    losses = []
+    for x, y in batches:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(m(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    m.eval()
+    return losses
+
+
+@pytest.mark.parametrize("how,optimizer", [("torchscript-eval", "sgd"), ("dynamo-eval", "momentum"),
+                                           ("torchscript-train", "momentum")])
+def test_trains_like_torch_train_mode(how, optimizer, tmp_path):
+    batches, lr = data(5), 0.1
+    m = module()
+    model = onnxtrain.make_trainable(export(m, how), loss="cross_entropy", optimizer=optimizer, learning_rate=lr,
+                                     train_mode=True)
+    engine = onnxtrain.load(model)
+    losses = [float(engine.train_step({"x": x, "target": y})["loss"]) for x, y in batches]
+    expected = torch_training(m, batches, optimizer, lr)
+    np.testing.assert_allclose(losses, expected, rtol=1e-4)
+    for name, buffer in m.state_dict().items():
+        if "running" in name:
+            np.testing.assert_allclose(np.asarray(engine.state[name]), buffer.numpy(), rtol=1e-4, atol=1e-6,
+                                       err_msg=name)
+    # inference: the updated running statistics, as torch's eval() uses them
+    x = batches[0][0]
+    with torch.no_grad():
+        reference = m(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(np.asarray(engine.infer({"x": x})["logits"]), reference, rtol=1e-4, atol=1e-5)
+    path = tmp_path / "trained.onnx"
+    engine.export(path)
+    exported = onnx.load(path)
+    batch_norms = [n for n in exported.graph.node if n.op_type == "BatchNormalization"]
+    assert batch_norms and all(onnx.helper.get_attribute_value(a) == 0 for n in batch_norms for a in n.attribute
+                               if a.name == "training_mode")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(["logits"], {"x": x})[0], reference, rtol=1e-4, atol=1e-5)
+
+
+def test_a_fresh_torchscript_export_shares_no_running_statistics():
+    """TorchScript's export shares equal initializers: a fresh model's BatchNorms read one zero mean and one unit
+    variance through Identity nodes. Each still gets and updates its own running statistics."""
+    m = ResNetLike()
+    model = export(m, "torchscript-eval")
+    assert any(n.op_type == "Identity" for n in model.graph.node)
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="cross_entropy", optimizer="sgd", train_mode=True))
+    (x, y), = data(1)
+    engine.train_step({"x": x, "target": y})
+    torch_training(m, [(x, y)], "sgd", 1e-3)
+    for name, buffer in m.state_dict().items():
+        if "running" in name:
+            np.testing.assert_allclose(np.asarray(engine.state[name]), buffer.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_dropout_drops_in_train_steps_only():
+    m = module(dropout=0.5)
+    model = onnxtrain.make_trainable(export(m, "torchscript-train"), loss="cross_entropy", optimizer="sgd",
+                                     learning_rate=0.0, train_mode=True)
+    assert any(n.op_type == "Dropout" for n in model.graph.node)
+    engine = onnxtrain.load(model)
+    (x, y), = data(1)
+    with torch.no_grad():
+        reference = m(torch.from_numpy(x)).numpy()  # eval: no dropout, running statistics
+    for _ in range(2):
+        np.testing.assert_allclose(np.asarray(engine.infer({"x": x})["logits"]), reference, rtol=1e-4, atol=1e-5)
+    # with a zero learning rate only the dropout masks (and the running statistics) change between steps;
+    # the loss without dropping, on batch statistics, is torch's train-mode loss with dropout off
+    m.train()
+    m.dropout.p = 0.0
+    with torch.no_grad():
+        undropped = float(torch.nn.functional.cross_entropy(m(torch.from_numpy(x)), torch.from_numpy(y)))
+    losses = [float(engine.train_step({"x": x, "target": y})["loss"]) for _ in range(3)]
+    assert all(abs(loss - undropped) > 1e-3 for loss in losses) and len(set(losses)) == 3
+
+
+def test_folded_batch_norm_is_refused_naming_the_export_flags():
+    m = module()
+    with pytest.raises(OnnxTrainError, match="do_constant_folding=False"):
+        onnxtrain.make_trainable(export(m, "default", dynamo=True), loss="cross_entropy", train_mode=True)
+
+
+def test_cli_option(tmp_path):
+    from onnxtrain.cli import main
+
+    source, target = tmp_path / "model.onnx", tmp_path / "trainable.onnx"
+    onnx.save(export(module(), "torchscript-eval"), source)
+    main(["make-trainable", str(source), "--loss", "cross_entropy", "--train-mode", "-o", str(target)])
+    updated = {b.key for b in onnx.load(target).training_info[0].update_binding}
+    assert {"stem.1.running_mean", "bn1.running_var"} <= updated
+
+
+@pytest.mark.parametrize("train_mode", [False, True])
+def test_batch_norm_gradients_as_accurate_as_pytorch(train_mode):
+    """Scale and bias gradients against a float64 PyTorch reference: within a few times PyTorch float32's own
+    error (its CPU kernels sum in float64; summed in float32 ours were 10-60x further off)."""
+    import copy
+
+    m = module()
+    model = onnxtrain.make_trainable(export(m, "torchscript-eval"), loss="cross_entropy", optimizer="sgd",
+                                     learning_rate=0.0, train_mode=train_mode)
+    names = [n for n, _ in m.named_parameters() if n.startswith(("stem.1.", "bn"))]
+    model.training_info[0].algorithm.output.extend(  # expose the Gradient node's outputs
+        onnx.helper.make_tensor_value_info(f"{n}.grad", onnx.TensorProto.FLOAT, None) for n in names)
+    (x, y), = data(1)
+    ours = onnxtrain.load(model).train_step({"x": x, "target": y})
+
+    def torch_gradients(dtype):
+        reference = copy.deepcopy(m).to(dtype).train(train_mode)
+        loss = torch.nn.functional.cross_entropy(reference(torch.from_numpy(x).to(dtype)), torch.from_numpy(y))
+        loss.backward()
+        return {n: p.grad.double().numpy() for n, p in reference.named_parameters()}
+
+    exact, single = torch_gradients(torch.float64), torch_gradients(torch.float32)
+    for n in names:
+        error = lambda g: np.max(np.abs(g - exact[n])) / np.max(np.abs(exact[n]))  # noqa: E731
+        assert error(np.asarray(ours[f"{n}.grad"])) <= 3 * error(single[n]) + 1e-7, n
