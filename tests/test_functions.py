@@ -10,7 +10,7 @@ import onnx
 from onnx import TensorProto, helper
 
 import onnxtrain
-from onnxtrain.lower.graph import Runtime, Scope, run_node
+from onnxtrain.lower.walker import Runtime, Scope, run_node
 from onnxtrain.model import Resolver, build_node
 
 LOCAL = "local.fns"

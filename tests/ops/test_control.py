@@ -13,8 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnxtrain.errors import StaticValueRequired
-from onnxtrain.lower import control
-from onnxtrain.lower.graph import Runtime, run_graph
+from onnxtrain.lower.ops import control
+from onnxtrain.lower.walker import Runtime, run_graph
 from onnxtrain.model import build_graph, model_resolver
 from nodes import run_with_engine as run, value as info, graph_model as model
 

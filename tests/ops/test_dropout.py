@@ -13,7 +13,7 @@ from onnx import helper
 
 import onnxtrain
 from nodes import assert_matches_reference, node_model
-from onnxtrain.lower.dropout import dropout
+from onnxtrain.lower.ops.dropout import dropout
 from training_models import model as training_model
 from training_models import vi
 

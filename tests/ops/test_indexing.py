@@ -9,7 +9,7 @@ from onnx import numpy_helper
 import onnxtrain
 from nodes import assert_matches_reference, node_model, run_both
 from onnxtrain.errors import NodeError
-from onnxtrain.lower import indexing
+from onnxtrain.lower.ops import indexing
 from onnxtrain.lower.registry import lookup, versions
 from nodes import run_with_engine as run
 

@@ -10,7 +10,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from onnxtrain.dtypes import onnx_type
-from onnxtrain.lower.graph import Runtime, run_graph
+from onnxtrain.lower.walker import Runtime, run_graph
 from onnxtrain.lower.target import targeting
 from onnxtrain.model import build_graph, model_resolver
 from onnxtrain.placement import Placement

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 import onnxtrain
 from nodes import node_model, run_both
 from onnxtrain.errors import NodeError
-from onnxtrain.lower import shape as shape_ops
+from onnxtrain.lower.ops import shape as shape_ops
 from nodes import run_with_engine as run
 
 BIG = 2**53 + 1  # an int64 that cannot pass through a float64 unchanged

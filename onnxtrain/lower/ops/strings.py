@@ -15,8 +15,8 @@ from typing import Any, Callable
 import jax.numpy as jnp
 import numpy as np
 
-from .registry import op, versions
-from .values import Value, is_text, static
+from ..registry import op, versions
+from ..values import Value, is_text, static
 
 Array = Any  # a jax array or a NumPy array (static value)
 

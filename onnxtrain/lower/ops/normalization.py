@@ -11,9 +11,9 @@ from typing import Sequence
 import jax.numpy as jnp
 from jax import lax
 
-from ..dtypes import np_dtype
-from .layout import CHANNELS_LAST, ChannelsLast, channels_last
-from .registry import op, versions
+from ...dtypes import np_dtype
+from ..layout import CHANNELS_LAST, ChannelsLast, channels_last
+from ..registry import op, versions
 
 
 def statistics_dtype(dtype, stash_type: int | None = None) -> jnp.dtype:

@@ -16,10 +16,10 @@ import numpy as np
 import onnx
 from jax import lax
 
-from ..dtypes import is_float, np_dtype, onnx_type
+from ...dtypes import is_float, np_dtype, onnx_type
 from .cast import cast
-from .registry import op, versions
-from .values import to_static
+from ..registry import op, versions
+from ..values import to_static
 
 Array = Any  # a jax array or a NumPy array (static value)
 T = onnx.TensorProto

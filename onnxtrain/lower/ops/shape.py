@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..dtypes import np_dtype
-from .registry import op, versions
-from .values import Value, is_text, static, static_ints
+from ...dtypes import np_dtype
+from ..registry import op, versions
+from ..values import Value, is_text, static, static_ints
 
 
 def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:

@@ -14,7 +14,7 @@ from .ml import (
     as_float, as_rows, class_labels, classifier_input, float_attr, matmul_weights, ml_op, pick, probit,
     transform_scores,
 )
-from .values import Value
+from ..values import Value
 
 
 # ---- linear models -------------------------------------------------------------------------------------------

@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .conv import gather_taps
-from .layout import CHANNELS_LAST, ChannelsLast, channels_first, channels_last
-from .registry import op, versions
-from .values import static, static_ints
+from ..layout import CHANNELS_LAST, ChannelsLast, channels_first, channels_last
+from ..registry import op, versions
+from ..values import static, static_ints
 
 COORDINATE_MODES = (
     "half_pixel",

@@ -7,10 +7,10 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from ..errors import NodeError
-from .graph import NodeContext, Scope, run_node
-from .registry import TRAINING_DOMAIN, op
-from .values import is_static
+from ...errors import NodeError
+from ..walker import NodeContext, Scope, run_node
+from ..registry import TRAINING_DOMAIN, op
+from ..values import is_static
 
 
 def differentiated_slice(ctx: NodeContext, sources: set[str], y: str) -> list[int]:
@@ -40,7 +40,7 @@ def differentiated_slice(ctx: NodeContext, sources: set[str], y: str) -> list[in
 
 def free_names(node) -> set[str]:
     """Outer-scope names a node's subgraphs read (so a dependency through an If/Loop body counts)."""
-    from ..model import Graph
+    from ...model import Graph
 
     names: set[str] = set()
     for value in node.attributes.values():

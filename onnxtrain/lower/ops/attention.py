@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..dtypes import np_dtype
-from .registry import op, versions
+from ...dtypes import np_dtype
+from ..registry import op, versions
 
 PREVIEW_DOMAIN = "ai.onnx.preview"
 

@@ -20,9 +20,9 @@ import numpy as np
 from jax import lax
 
 from .conv import Window, explicit_pads, sliding_window, spatial_param, window_views
-from .layout import CHANNELS_LAST, ChannelsLast, channels_first, channels_last
-from .registry import op, versions
-from .values import static_ints
+from ..layout import CHANNELS_LAST, ChannelsLast, channels_first, channels_last
+from ..registry import op, versions
+from ..values import static_ints
 
 
 def pool_window(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode) -> Window:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from .elementwise import Array, register
-from .values import static_ints
+from ..values import static_ints
 
 Axes = tuple[int, ...]
 Reduction = Callable[[Array, Axes, bool], Array]

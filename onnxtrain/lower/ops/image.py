@@ -6,9 +6,9 @@ import io
 
 import numpy as np
 
-from ..errors import NodeError
-from .registry import op, versions
-from .values import static
+from ...errors import NodeError
+from ..registry import op, versions
+from ..values import static
 
 
 @op("ImageDecoder", *versions("ImageDecoder"))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..dtypes import np_dtype
-from .graph import NodeContext
-from .registry import op, versions
+from ...dtypes import np_dtype
+from ..walker import NodeContext
+from ..registry import op, versions
 
 
 def sample(kind: str, key, shape, dtype, a: float, b: float):

@@ -18,7 +18,7 @@ import numpy as np
 from jax import lax
 
 from .ml import POST_TRANSFORMS, class_labels, classifier_input, ml_op, pick, transform_scores
-from .values import Value
+from ..values import Value
 
 LESS, EQUAL, GREATER, MISSING = 1, 2, 4, 8
 MODE_MASKS = {

@@ -10,8 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .registry import op, versions
-from .values import is_static
+from ..registry import op, versions
+from ..values import is_static
 
 
 def drop(x, ratio, key):

@@ -20,10 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..errors import NodeError
-from .registry import op, versions
-from .target import target_platform
-from .values import Value, is_static
+from ...errors import NodeError
+from ..registry import op, versions
+from ..target import target_platform
+from ..values import Value, is_static
 
 Array = jax.Array
 Activation = Callable[[Array], Array]

@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..dtypes import np_dtype
-from .registry import op, versions
-from .values import Value, static_int
+from ...dtypes import np_dtype
+from ..registry import op, versions
+from ..values import Value, static_int
 
 Array = Any  # a jax array or a NumPy array (static value)
 

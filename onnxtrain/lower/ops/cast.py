@@ -13,9 +13,9 @@ import numpy as np
 import onnx
 from jax import lax
 
-from ..dtypes import HOST_ONLY_DTYPES, is_float, np_dtype, onnx_type
-from .registry import op, versions
-from .values import static
+from ...dtypes import HOST_ONLY_DTYPES, is_float, np_dtype, onnx_type
+from ..registry import op, versions
+from ..values import static
 
 T = onnx.TensorProto
 

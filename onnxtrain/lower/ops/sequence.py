@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..errors import NodeError
+from ...errors import NodeError
 from .control import folded, needs_static, signature
-from .graph import NodeContext, Subgraph
-from .registry import op, versions
-from .values import Value, is_static, static, static_ints
+from ..walker import NodeContext, Subgraph
+from ..registry import op, versions
+from ..values import Value, is_static, static, static_ints
 
 
 def position_in(seq: list, position: Value, what: str, extra: int = 0) -> int:

@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .layout import CHANNELS_LAST, ChannelsLast, Grid, channels_first, channels_last, strided
-from .registry import op, versions
-from .target import target_platform
+from ..layout import CHANNELS_LAST, ChannelsLast, Grid, channels_first, channels_last, strided
+from ..registry import op, versions
+from ..target import target_platform
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 

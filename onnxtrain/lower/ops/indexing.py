@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..dtypes import is_float
-from .registry import op, versions
-from .values import Value, is_static, is_text, static, static_int
+from ...dtypes import is_float
+from ..registry import op, versions
+from ..values import Value, is_static, is_text, static, static_int
 
 
 def _axis(axis: int, rank: int) -> int:

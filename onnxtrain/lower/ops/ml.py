@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..errors import StaticValueRequired
-from .registry import ML_DOMAIN, op, versions
-from .values import Value, is_static, is_text, static
+from ...errors import StaticValueRequired
+from ..registry import ML_DOMAIN, op, versions
+from ..values import Value, is_static, is_text, static
 
 POST_TRANSFORMS = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")  # TreeEnsemble's codes index this
 

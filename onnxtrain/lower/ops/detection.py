@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import op, versions
-from .values import static
+from ..registry import op, versions
+from ..values import static
 
 
 def corners(boxes: np.ndarray, center_point_box: int) -> np.ndarray:

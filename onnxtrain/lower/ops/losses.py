@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .registry import op, versions
+from ..registry import op, versions
 
 REDUCTIONS = ("none", "sum", "mean")
 

@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..errors import NodeError, StaticValueRequired
-from .graph import NodeContext, Subgraph
-from .registry import op, versions
-from .values import Value, is_static, is_text, static_evaluation, static_ints, to_static
+from ...errors import NodeError, StaticValueRequired
+from ..walker import NodeContext, Subgraph
+from ..registry import op, versions
+from ..values import Value, is_static, is_text, static_evaluation, static_ints, to_static
 
 
 class Unstructured(Exception):
@@ -61,7 +61,7 @@ def signature(tree: Any) -> tuple:
 
 def outer_names(graph: Any) -> set[str]:
     """The names `graph` (nested subgraphs included) reads from its enclosing scopes."""
-    from ..model import Graph
+    from ...model import Graph
 
     defined = {i.name for i in graph.inputs} | set(graph.initializers)
     used: set[str] = set()

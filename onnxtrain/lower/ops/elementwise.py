@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import onnx.defs
 
-from .layout import ELEMENTWISE
-from .registry import op, versions
-from .values import is_text
+from ..layout import ELEMENTWISE
+from ..registry import op, versions
+from ..values import is_text
 
 Array = Any  # a jax array or a NumPy array (static value)
 
