@@ -1,6 +1,6 @@
 """Pooling: MaxPool (with Indices), AveragePool, LpPool, their Global forms, MaxUnpool and MaxRoiPool.
 
-Window geometry (auto_pad, ceil_mode, dilations) comes from conv.sliding_window. Everything runs channels-last,
+Window geometry (auto_pad, ceil_mode, dilations) comes from window.sliding_window. Everything runs channels-last,
 like the convolutions, so the transposes between a convolution and a pool cancel. Non-overlapping windows without
 padding (stride == kernel) reduce through a reshape; the others use reduce_window, and overlapping max pooling
 has its own gradient (sliding_max) because XLA's select-and-scatter is slow on CPU.
@@ -19,10 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .conv import Window, explicit_pads, sliding_window, spatial_param, window_views
 from ..layout import CHANNELS_LAST, ChannelsLast, channels_first, channels_last
 from ..registry import op, versions
 from ..values import static_ints
+from ..window import Window, explicit_pads, sliding_window, spatial_param, window_views
 
 
 def pool_window(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode) -> Window:

@@ -2,7 +2,7 @@
 
 Resize is separable: each resized axis is one gather per interpolation tap with weights, both computed in NumPy
 at trace time from the static sizes/scales. GridSample and RoiAlign sample at traced positions: every tap
-combination is one gather (conv.gather_taps, shared with DeformConv).
+combination is one gather (sampling.gather_taps, shared with DeformConv).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from .conv import gather_taps
 from ..layout import CHANNELS_LAST, ChannelsLast, channels_first, channels_last
 from ..registry import op, versions
+from ..sampling import gather_taps
 from ..values import static, static_ints
 
 COORDINATE_MODES = (
