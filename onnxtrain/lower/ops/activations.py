@@ -13,7 +13,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from .elementwise import Array, register
+from ..registry import register
+from ..values import Array
 
 
 def leaky_relu(x: Array, *, alpha: float = 0.01) -> Array:

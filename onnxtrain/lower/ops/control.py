@@ -20,25 +20,11 @@ from jax import lax
 from ...errors import NodeError, StaticValueRequired
 from ..walker import NodeContext, Subgraph
 from ..registry import op, versions
-from ..values import Value, is_static, is_text, static_evaluation, static_ints, to_static
+from ..values import Value, folded, is_static, is_text, needs_static, signature, static_ints
 
 
 class Unstructured(Exception):
     """The body cannot be traced into a lax primitive (carried values change type, a condition varies...)."""
-
-
-def needs_static(ctx: NodeContext, index: int, what: str, reason: str) -> StaticValueRequired:
-    """A StaticValueRequired for input `index` that also says why the value must be known at compile time."""
-    name = ctx.node.inputs[index] if index < len(ctx.node.inputs) and ctx.node.inputs[index] else None
-    return StaticValueRequired(what, name, ctx.node.label, reason)
-
-
-def folded(fn: Callable[..., Any], *args: Any) -> Any:
-    """`fn(*args)`, kept static when every argument is static (inside jit, jnp would stage it otherwise)."""
-    if is_static(*args):
-        with static_evaluation():
-            return to_static(fn(*args))
-    return fn(*args)
 
 
 def truth(value: Value) -> bool:
@@ -51,12 +37,6 @@ def describe(value: Value) -> str:
     if isinstance(value, list):
         return f"a sequence of {len(value)} ({', '.join(describe(v) for v in value)})"
     return f"{np.dtype(value.dtype).name}{list(np.shape(value))}"
-
-
-def signature(tree: Any) -> tuple:
-    """What a lax primitive requires to be equal between iterations or branches: structure, shapes, dtypes."""
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    return treedef, tuple((tuple(np.shape(x)), np.dtype(x.dtype)) for x in leaves)
 
 
 def outer_names(graph: Any) -> set[str]:

@@ -2,68 +2,21 @@
 
 Every op is registered for its whole schema history. Versions before 7 mostly differ only in legacy attributes:
 `consumed_inputs` (an in-place hint, meaningless here) and the binary ops' `broadcast`/`axis`, where the
-second operand lines up with the first starting at `axis` instead of at the trailing dimension.
+second operand lines up with the first starting at `axis` instead of at the trailing dimension:
+registry.register adapts them.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import onnx.defs
 
-from ..layout import ELEMENTWISE
-from ..registry import op, versions
-from ..values import is_text
-
-Array = Any  # a jax array or a NumPy array (static value)
-
-
-def register(
-    name: str, fn: Callable, *, since: int = 1, until: int | None = None, binary: bool = False,
-    elementwise: bool = False,
-) -> None:
-    """Register `fn` for every since_version of `name` in [since, until]. Versions whose schema still has
-    legacy attributes get adapters, so `fn` only ever sees the attributes of today's schema: `consumed_inputs`
-    is dropped, and for a `binary` elementwise op, `broadcast`/`axis` reshape B before the call.
-
-    `elementwise`: each output element depends only on the input elements at its (broadcast) position, so the
-    op runs on channels-last activations as they are (lower/layout.py); not the axis-aligned legacy versions."""
-    for version in versions(name, since=since, until=until):
-        attributes = onnx.defs.get_schema(name, version).attributes
-        legacy_broadcast = "broadcast" in attributes
-        impl = _with_legacy_broadcast(fn) if binary and legacy_broadcast else fn
-        if "consumed_inputs" in attributes:
-            impl = _dropping_consumed_inputs(impl)
-        op(name, version, layout=ELEMENTWISE if elementwise and not legacy_broadcast else "")(impl)
-
-
-def _dropping_consumed_inputs(fn: Callable) -> Callable:
-    def impl(*inputs: Array, consumed_inputs: list[int] | None = None, **attributes: Any) -> Array:
-        return fn(*inputs, **attributes)
-
-    impl.__name__ = fn.__name__
-    return impl
-
-
-def _with_legacy_broadcast(fn: Callable) -> Callable:
-    """Binary ops before opset 7: with `broadcast=1` and `axis`, B's dims match A's dims from `axis` on;
-    without `axis` the match is at the suffix, which NumPy broadcasting already does."""
-
-    def impl(a: Array, b: Array, *, broadcast: int = 0, axis: int | None = None) -> Array:
-        if broadcast and axis is not None and jnp.ndim(b) > 0:
-            start = axis % jnp.ndim(a)
-            trailing = jnp.ndim(a) - start - jnp.ndim(b)
-            if trailing < 0:
-                raise ValueError(f"B of shape {jnp.shape(b)} does not fit in A of shape {jnp.shape(a)} at axis {axis}")
-            b = jnp.reshape(b, jnp.shape(b) + (1,) * trailing)
-        return fn(a, b)
-
-    impl.__name__ = fn.__name__
-    return impl
+from ..registry import register
+from ..values import Array, is_text
 
 
 def _same_dtype(fn: Callable) -> Callable:

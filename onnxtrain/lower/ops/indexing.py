@@ -15,14 +15,9 @@ import numpy as np
 from jax import lax
 
 from ...dtypes import is_float
+from ..axes import normalize_axis
 from ..registry import op, versions
 from ..values import Value, is_static, is_text, static, static_int
-
-
-def _axis(axis: int, rank: int) -> int:
-    if not -rank <= axis < rank:
-        raise ValueError(f"axis {axis} is out of range for a tensor of rank {rank}")
-    return axis % rank
 
 
 def _xp(*tensors: Value) -> Any:
@@ -52,14 +47,14 @@ def _wrap(indices: Value, size: int | np.ndarray) -> Value:
 
 @op("Gather", *versions("Gather"))
 def gather(data: Value, indices: Value, *, axis: int = 0) -> Value:
-    axis = _axis(axis, np.ndim(data))
+    axis = normalize_axis(axis, np.ndim(data))
     xp = _xp(data)
     return xp.take(data, _wrap(_host(indices, "indices", xp), np.shape(data)[axis]), axis=axis)
 
 
 @op("GatherElements", *versions("GatherElements"))
 def gather_elements(data: Value, indices: Value, *, axis: int = 0) -> Value:
-    axis = _axis(axis, np.ndim(data))
+    axis = normalize_axis(axis, np.ndim(data))
     if np.ndim(indices) != np.ndim(data):
         raise ValueError(f"indices have rank {np.ndim(indices)}, data rank {np.ndim(data)}; they must be equal")
     # Off the gather axis, indices may be shorter than data: only the leading block of data takes part.
@@ -108,7 +103,7 @@ def _scatter(data: Value, where: tuple, updates: Value, reduction: str) -> Value
 @op("Scatter", *versions("Scatter"))
 @op("ScatterElements", *versions("ScatterElements"))
 def scatter_elements(data: Value, indices: Value, updates: Value, *, axis: int = 0, reduction: str = "none") -> Value:
-    axis = _axis(axis, np.ndim(data))
+    axis = normalize_axis(axis, np.ndim(data))
     if np.shape(indices) != np.shape(updates):
         raise ValueError(f"indices {np.shape(indices)} and updates {np.shape(updates)} must have the same shape")
     where = list(np.indices(np.shape(indices), sparse=True))
@@ -131,7 +126,7 @@ def tensor_scatter(
     past_cache: Value, update: Value, write_indices: Value = None, *, axis: int = -2, mode: str = "linear"
 ) -> Value:
     rank = np.ndim(past_cache)
-    axis = _axis(axis, rank)
+    axis = normalize_axis(axis, rank)
     if axis == 0:
         raise ValueError("axis must not be 0, the batch axis")
     if mode not in ("linear", "circular"):
@@ -166,7 +161,7 @@ def _one_hot(indices: Value, depth: Value, values: Value, axis: int, wrap_negati
     classes = static_int(depth, "depth")
     if classes < 0:
         raise ValueError(f"depth must not be negative, got {classes}")
-    axis = _axis(axis, np.ndim(indices) + 1)
+    axis = normalize_axis(axis, np.ndim(indices) + 1)
     xp = _xp(values)
     positions = jnp.asarray(_host(indices, "indices", xp))
     if jnp.issubdtype(positions.dtype, jnp.integer):
@@ -196,7 +191,7 @@ def compress(input: Value, condition: Value, *, axis: int | None = None) -> Valu
     data = xp.asarray(input)
     if axis is None:
         data, axis = data.reshape(-1), 0
-    axis = _axis(axis, data.ndim)
+    axis = normalize_axis(axis, data.ndim)
     if keep.size and keep[-1] >= data.shape[axis]:
         raise ValueError(f"condition selects index {keep[-1]} beyond axis {axis} of size {data.shape[axis]}")
     return xp.take(data, keep, axis=axis)
@@ -215,7 +210,7 @@ def unique(x: Value, *, axis: int | None = None, sorted: int = 1) -> tuple[np.nd
     values = static(x, "X")
     if axis is None:
         values, axis = values.reshape(-1), 0
-    axis = _axis(axis, values.ndim)
+    axis = normalize_axis(axis, values.ndim)
     # ml_dtypes floats (bfloat16...) widen exactly to float32, which NumPy's sort-based unique understands.
     keys = values.astype(np.float32) if is_float(values.dtype) and values.dtype.kind != "f" else values
     _, first, inverse, counts = np.unique(keys, return_index=True, return_inverse=True, return_counts=True, axis=axis)
@@ -260,7 +255,7 @@ def _shift_in(x: Value, axis: int, fill: int, reverse: bool) -> Value:
 def _cumulative(scan: Callable, identity: int) -> Callable:
     def cumulative(x: Value, axis: Value, *, exclusive: int = 0, reverse: int = 0) -> Value:
         x = jnp.asarray(x)
-        along = _axis(static_int(axis, "axis"), x.ndim)
+        along = normalize_axis(static_int(axis, "axis"), x.ndim)
         if exclusive:
             x = _shift_in(x, along, identity, bool(reverse))
         return scan(x, axis=along, reverse=bool(reverse))
@@ -280,7 +275,7 @@ for _name, (_scan, _identity) in SCANS.items():
 def _arg_reduce(pick: Callable) -> Callable:
     def arg_reduce(data: Value, *, axis: int = 0, keepdims: int = 1, select_last_index: int = 0) -> Value:
         data = jnp.asarray(data)
-        along = _axis(axis, data.ndim)
+        along = normalize_axis(axis, data.ndim)
         if select_last_index:  # the first hit in the reversed tensor is the last one in the original
             found = (data.shape[along] - 1) - pick(jnp.flip(data, along), axis=along, keepdims=bool(keepdims))
         else:
@@ -298,12 +293,12 @@ for _name, _pick in ARG_REDUCTIONS.items():
 
 def _order_reversed(x: Value) -> Value:
     """A key whose descending order is x's ascending order; bitwise-not cannot overflow as negation can."""
-    return -x if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bitwise_not(x)
+    return -x if is_float(x.dtype) else jnp.bitwise_not(x)
 
 
 def _top_k(x: Value, k: int, axis: int, largest: bool) -> tuple[Value, Value]:
     x = jnp.asarray(x)
-    along = _axis(axis, x.ndim)
+    along = normalize_axis(axis, x.ndim)
     if not 0 <= k <= x.shape[along]:
         raise ValueError(f"k = {k} is out of range for axis {along} of size {x.shape[along]}")
     # XLA's TopK puts the lower index first among equal keys, the tie-break ONNX specifies.

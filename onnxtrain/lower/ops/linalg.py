@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from .elementwise import Array, register
+from ..registry import register
+from ..values import Array
 
 
 def matmul(a: Array, b: Array) -> Array:

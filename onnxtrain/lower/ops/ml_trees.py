@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ...dtypes import is_float
 from .ml import POST_TRANSFORMS, class_labels, classifier_input, ml_op, pick, transform_scores
 from ..values import Value
 
@@ -119,7 +120,7 @@ def evaluate(forest: Forest, x: Value, aggregate: str, dtype: Any) -> Value:
     """[N, C] aggregated leaf values of `x` [N, F], in `dtype`."""
     x = jnp.asarray(x)
     # Compare in the wider of the features' and thresholds' types; integer features exactly, as float64.
-    compare = np.promote_types(x.dtype, forest.threshold.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else np.float64
+    compare = np.promote_types(x.dtype, forest.threshold.dtype) if is_float(x.dtype) else np.float64
     x = x.astype(compare)
     if x.shape[1] <= int(forest.feature.max(initial=0)):
         raise ValueError(f"the trees test feature {int(forest.feature.max())}, the input has {x.shape[1]} features")

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ...dtypes import np_dtype
+from ..axes import normalize_axis
 from ..layout import CHANNELS_LAST, ChannelsLast, channels_last
 from ..registry import op, versions
 
@@ -20,12 +21,6 @@ def statistics_dtype(dtype, stash_type: int | None = None) -> jnp.dtype:
     """The dtype statistics are computed in: the stash type (float32 if none), never below the input's."""
     stash = jnp.float32 if stash_type is None else np_dtype(stash_type)
     return jnp.promote_types(dtype, stash)
-
-
-def positive_axis(axis: int, rank: int) -> int:
-    if not -rank <= axis < rank:
-        raise ValueError(f"axis {axis} is out of range for a rank-{rank} input")
-    return axis % rank
 
 
 def standardize(x, axes: Sequence[int], epsilon: float, dtype):
@@ -119,7 +114,7 @@ def instance_normalization(x, scale, bias, *, epsilon, consumed_inputs=None):
 
 @op("LayerNormalization", *versions("LayerNormalization"))
 def layer_normalization(x, scale, bias=None, *, axis, epsilon, stash_type):
-    first = positive_axis(axis, x.ndim)
+    first = normalize_axis(axis, x.ndim)
     stash = np_dtype(stash_type)
     normalized, mean, inv_std = standardize(x, range(first, x.ndim), epsilon, statistics_dtype(x.dtype, stash_type))
     y = normalized.astype(x.dtype) * scale
@@ -151,7 +146,7 @@ def group_normalization_18(x, scale, bias, *, num_groups, epsilon):
 
 @op("RMSNormalization", *versions("RMSNormalization"))
 def rms_normalization(x, scale, *, axis, epsilon, stash_type):
-    first = positive_axis(axis, x.ndim)
+    first = normalize_axis(axis, x.ndim)
     xs = x.astype(statistics_dtype(x.dtype, stash_type))
     mean_square = jnp.mean(xs * xs, axis=tuple(range(first, x.ndim)), keepdims=True)
     normalized = (xs * lax.rsqrt(mean_square + jnp.asarray(epsilon, xs.dtype))).astype(x.dtype)
@@ -179,7 +174,7 @@ def lp_normalization(x, *, axis, p):
         raise ValueError(f"p must be 1 or 2, got {p}")
     dtype = statistics_dtype(x.dtype)
     xs = x.astype(dtype)
-    axis = positive_axis(axis, x.ndim)
+    axis = normalize_axis(axis, x.ndim)
     if p == 1:
         norm = jnp.sum(jnp.abs(xs), axis=axis, keepdims=True)
     else:
@@ -193,7 +188,7 @@ def lp_normalization(x, *, axis, p):
 @op("MeanVarianceNormalization", *versions("MeanVarianceNormalization"))
 def mean_variance_normalization(x, *, axes):
     dtype = statistics_dtype(x.dtype)
-    axes = tuple(positive_axis(a, x.ndim) for a in axes)
+    axes = tuple(normalize_axis(a, x.ndim) for a in axes)
     xs = x.astype(dtype)
     centered = xs - jnp.mean(xs, axis=axes, keepdims=True)
     std = jnp.sqrt(jnp.mean(centered * centered, axis=axes, keepdims=True))

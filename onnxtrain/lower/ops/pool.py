@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ...dtypes import is_float
 from ..layout import CHANNELS_LAST, ChannelsLast, channels_first, channels_last
 from ..registry import op, versions
 from ..values import static_ints
@@ -35,7 +36,7 @@ def pool_window(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode) 
 
 def lowest(dtype) -> np.generic:
     dtype = np.dtype(dtype)
-    if jnp.issubdtype(dtype, jnp.floating):
+    if is_float(dtype):
         return np.array(-np.inf, dtype)
     return np.array(jnp.iinfo(dtype).min, dtype)
 
@@ -201,7 +202,7 @@ def window_counts(window: Window, include_pad: bool) -> np.ndarray:
 
 def accumulation_dtype(dtype):
     """Half-precision sums drift; accumulate them in float32."""
-    return jnp.float32 if jnp.dtype(dtype).itemsize < 4 and jnp.issubdtype(dtype, jnp.floating) else dtype
+    return jnp.float32 if jnp.dtype(dtype).itemsize < 4 and is_float(dtype) else dtype
 
 
 @op("AveragePool", *versions("AveragePool"), layout=CHANNELS_LAST)

@@ -14,8 +14,9 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from .elementwise import Array, register
-from ..values import static_ints
+from ...dtypes import is_float
+from ..registry import register
+from ..values import Array, static_ints
 
 Axes = tuple[int, ...]
 Reduction = Callable[[Array, Axes, bool], Array]
@@ -76,7 +77,7 @@ def _log_sum(x: Array, axes: Axes, keepdims: bool) -> Array:
 def _log_sum_exp(x: Array, axes: Axes, keepdims: bool) -> Array:
     """Shifted by the maximum so large inputs do not overflow; all -inf (or no values) gives -inf."""
     dtype = jnp.result_type(x)
-    wide = x if jnp.issubdtype(dtype, jnp.inexact) else jnp.asarray(x, jnp.float64)
+    wide = x if is_float(dtype) else jnp.asarray(x, jnp.float64)
     return jax.nn.logsumexp(wide, axis=axes, keepdims=keepdims).astype(dtype)
 
 

@@ -14,6 +14,7 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 
+from ...dtypes import is_float
 from ..layout import CHANNELS_LAST, ChannelsLast, channels_first, channels_last
 from ..registry import op, versions
 from ..sampling import gather_taps
@@ -169,7 +170,7 @@ def compute_dtype(dtype, mode: str):
     """Interpolation runs in floating point: integers in float64 (exact for 32-bit ones), halves in float32."""
     if mode == "nearest":
         return dtype
-    if jnp.issubdtype(dtype, jnp.floating):
+    if is_float(dtype):
         return jnp.float32 if jnp.dtype(dtype).itemsize < 4 else dtype
     return jnp.float64
 

@@ -11,10 +11,9 @@ import numpy as np
 from jax import lax
 
 from ...errors import NodeError
-from .control import folded, needs_static, signature
 from ..walker import NodeContext, Subgraph
 from ..registry import op, versions
-from ..values import Value, is_static, static, static_ints
+from ..values import Value, folded, is_static, needs_static, signature, static, static_ints
 
 
 def position_in(seq: list, position: Value, what: str, extra: int = 0) -> int:

@@ -17,15 +17,9 @@ import numpy as np
 from jax import lax
 
 from ...dtypes import np_dtype
+from ..axes import normalize_axis
 from ..registry import op, versions
 from ..values import Value, is_text, static, static_ints
-
-
-def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:
-    """`axis` in [-rank, rank-1] as a non-negative index; a clear error outside that range."""
-    if not -rank <= axis < rank:
-        raise ValueError(f"{what} {axis} is out of range for rank {rank}")
-    return axis % rank
 
 
 def optional_ints(value: Value, what: str) -> list[int] | None:
