@@ -21,7 +21,7 @@ from .cache import enable_compilation_cache
 from .dtypes import is_float
 from .errors import StateError
 from .feeds import FeedChecker
-from .lower.walker import Runtime, Scope, run_graph, run_nodes
+from .lower.walker import Scope, run_graph, run_nodes, TraceContext as Runtime  # noqa: N814 (renamed in lower/)
 from .model import Graph, ModelSource, ValueInfo, build_graph, check_model, model_resolver, raise_if_missing
 from .model import read_model
 from .placement import Placement, host_array

@@ -54,13 +54,13 @@ class Scope:
 
 @dataclass
 class Draws:
-    """Whether a trace drew random numbers: one per trace, shared by the Runtime copies subgraph bodies make."""
+    """Whether a trace drew random numbers: one per trace, shared by the TraceContext copies subgraph bodies make."""
 
     any: bool = False
 
 
 @dataclass
-class Runtime:
+class TraceContext:
     """What every node of one trace shares: the random key and the model-local functions."""
 
     key: Any  # a jax PRNG key (traced), the root of every random op's stream
@@ -77,7 +77,7 @@ class NodeContext:
 
     node: "Node"
     scope: Scope
-    runtime: Runtime
+    trace: TraceContext
     siblings: Sequence["Node"]
     position: int
 
@@ -85,24 +85,24 @@ class NodeContext:
         """A PRNG key for this node: its own `seed` attribute wins (advanced by the step count in a train step and
         by the iteration of each enclosing loop, as a seeded generator advances between calls), else the run's
         key folded with the node."""
-        self.runtime.draws.any = True
+        self.trace.draws.any = True
         if seed is not None:
             key = jax.random.key(int(seed))
-            steps = () if self.runtime.step is None else (self.runtime.step,)
-            for position in (*steps, *self.runtime.iterations):
+            steps = () if self.trace.step is None else (self.trace.step,)
+            for position in (*steps, *self.trace.iterations):
                 key = jax.random.fold_in(key, position)
             return key
         tag = zlib.crc32("\0".join(self.node.outputs).encode()) & 0x7FFFFFFF
-        return jax.random.fold_in(self.runtime.key, tag)
+        return jax.random.fold_in(self.trace.key, tag)
 
 
 class Subgraph:
     """A graph attribute bound to the scope it appears in: call it with its inputs, get its outputs."""
 
-    def __init__(self, graph: "Graph", scope: Scope, runtime: Runtime):
+    def __init__(self, graph: "Graph", scope: Scope, trace: TraceContext):
         self.graph = graph
         self.scope = scope
-        self.runtime = runtime
+        self.trace = trace
 
     @property
     def output_names(self) -> list[str]:
@@ -110,37 +110,37 @@ class Subgraph:
 
     def __call__(self, *args: Value, iteration: Value = None) -> list[Value]:
         """Run the body; a loop passes its `iteration` so random ops draw fresh numbers on every iteration."""
-        runtime = self.runtime
+        trace = self.trace
         if iteration is not None:
-            runtime = dataclasses.replace(runtime, key=jax.random.fold_in(runtime.key, iteration),
-                                          iterations=(*runtime.iterations, iteration))
-        return run_graph(self.graph, list(args), runtime, outer=self.scope)
+            trace = dataclasses.replace(trace, key=jax.random.fold_in(trace.key, iteration),
+                                        iterations=(*trace.iterations, iteration))
+        return run_graph(self.graph, list(args), trace, outer=self.scope)
 
 
-def run_graph(graph: "Graph", args: Sequence[Value], runtime: Runtime, outer: Scope | None = None) -> list[Value]:
+def run_graph(graph: "Graph", args: Sequence[Value], trace: TraceContext, outer: Scope | None = None) -> list[Value]:
     scope = Scope(dict(graph.initializers), outer)
     for info, value in zip(graph.inputs, args):
         scope[info.name] = value
-    run_nodes(graph.nodes, scope, runtime)
-    return [lookup(scope, o.name, f"output of graph {graph.name!r}") for o in graph.outputs]
+    run_nodes(graph.nodes, scope, trace)
+    return [read_value(scope, o.name, f"output of graph {graph.name!r}") for o in graph.outputs]
 
 
-def lookup(scope: Scope, name: str, what: str, raw: bool = False) -> Value:
+def read_value(scope: Scope, name: str, what: str, raw: bool = False) -> Value:
     try:
         return scope.raw(name) if raw else scope[name]
     except KeyError:
         raise NodeError(f"{what}: value {name!r} is not defined before it is used") from None
 
 
-def run_nodes(nodes: Sequence["Node"], scope: Scope, runtime: Runtime) -> None:
+def run_nodes(nodes: Sequence["Node"], scope: Scope, trace: TraceContext) -> None:
     for position, node in enumerate(nodes):
-        run_node(node, scope, runtime, nodes, position)
+        run_node(node, scope, trace, nodes, position)
 
 
-def run_node(node: "Node", scope: Scope, runtime: Runtime, siblings: Sequence["Node"], position: int) -> None:
-    args = [lookup(scope, name, f"input of {node.label}", raw=True) if name else None for name in node.inputs]
+def run_node(node: "Node", scope: Scope, trace: TraceContext, siblings: Sequence["Node"], position: int) -> None:
+    args = [read_value(scope, name, f"input of {node.label}", raw=True) if name else None for name in node.inputs]
     try:
-        results = call_node(node, args, scope, runtime, siblings, position)
+        results = call_node(node, args, scope, trace, siblings, position)
     except StaticValueRequired as exc:
         if exc.node is not None:
             raise
@@ -169,20 +169,20 @@ def value_name_of(node: "Node", formal_input: str) -> str | None:
 
 
 def call_node(
-    node: "Node", args: list[Value], scope: Scope, runtime: Runtime, siblings: Sequence["Node"], position: int
+    node: "Node", args: list[Value], scope: Scope, trace: TraceContext, siblings: Sequence["Node"], position: int
 ) -> Any:
     from ..model import Graph
 
     if node.impl is None:
-        return call_function(node, [channels_first(a) for a in args], runtime)
+        return call_function(node, [channels_first(a) for a in args], trace)
     attrs = {
-        name: ([Subgraph(g, scope, runtime) for g in v] if is_graph_list(v) else Subgraph(v, scope, runtime))
+        name: ([Subgraph(g, scope, trace) for g in v] if is_graph_list(v) else Subgraph(v, scope, trace))
         if isinstance(v, Graph) or is_graph_list(v)
         else v
         for name, v in node.attributes.items()
     }
     if node.impl.wants_ctx:
-        attrs["ctx"] = NodeContext(node, scope, runtime, siblings, position)
+        attrs["ctx"] = NodeContext(node, scope, trace, siblings, position)
     while args and args[-1] is None:  # absent trailing optional inputs take the implementation's defaults
         args.pop()
     if not is_static(*args):
@@ -197,7 +197,7 @@ def is_graph_list(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and isinstance(value[0], Graph)
 
 
-def call_function(node: "Node", args: list[Value], runtime: Runtime) -> tuple[Value, ...]:
+def call_function(node: "Node", args: list[Value], trace: TraceContext) -> tuple[Value, ...]:
     """Run a node by expanding a function body: a model-local FunctionProto or the op schema's own."""
     from ..model import Resolver, build_node, raise_if_missing
 
@@ -208,15 +208,15 @@ def call_function(node: "Node", args: list[Value], runtime: Runtime) -> tuple[Va
         caller_attributes = schema_default_attributes(node)
         function = schema_function(node, args, caller_attributes)
     caller_attributes.update({a.name: a for a in node.raw_attributes})
-    resolver = Resolver({}, runtime.functions).with_opsets(function.opset_import)
+    resolver = Resolver({}, trace.functions).with_opsets(function.opset_import)
     body = [build_node(n, resolver, caller_attributes) for n in function.node]
     raise_if_missing(resolver)
     scope = Scope({name: value for name, value in zip(function.input, args)})
     for name in function.input[len(args):]:
         scope[name] = None
     scope.values.setdefault("", None)
-    run_nodes(body, scope, runtime)
-    return tuple(lookup(scope, name, f"output of function {function.name!r}") for name in function.output)
+    run_nodes(body, scope, trace)
+    return tuple(read_value(scope, name, f"output of function {function.name!r}") for name in function.output)
 
 
 def schema_default_attributes(node: "Node") -> dict[str, onnx.AttributeProto]:

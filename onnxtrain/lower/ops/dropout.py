@@ -39,7 +39,7 @@ def dropout_if(training, x, ratio, key):
 @op("Dropout", *versions("Dropout", since=12))
 def dropout(data, ratio=None, training_mode=None, *, seed=None, ctx):
     ratio = 0.5 if ratio is None else ratio  # also when skipped as "" before a given training_mode
-    training = ctx.runtime.training if training_mode is None else training_mode
+    training = ctx.trace.training if training_mode is None else training_mode
     if is_static(training, ratio) and (not bool(training) or float(ratio) == 0):
         return identity(data)
     return dropout_if(training, data, ratio, ctx.rng(seed))
@@ -49,7 +49,7 @@ def dropout(data, ratio=None, training_mode=None, *, seed=None, ctx):
 def dropout_legacy(data, *, ratio, is_test=0, consumed_inputs=None, ctx):
     """Opsets 1-10: `ratio` is an attribute, `is_test` (1, 6) forces inference; the mask is `data`'s dtype
     before opset 10."""
-    training = ctx.runtime.training and not is_test and ratio > 0
+    training = ctx.trace.training and not is_test and ratio > 0
     output, mask = dropout_if(training, data, ratio, ctx.rng())
     if ctx.node.since_version < 10:
         mask = mask.astype(data.dtype)

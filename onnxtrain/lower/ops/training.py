@@ -69,7 +69,7 @@ def gradient(*inputs, xs: Sequence[str], y: str, zs: Sequence[str] = (), ctx: No
     def y_of(x_values: list):
         scope = Scope({**dict(zip(xs, x_values)), **z_values}, ctx.scope)
         for i in positions:
-            run_node(ctx.siblings[i], scope, ctx.runtime, ctx.siblings, i)
+            run_node(ctx.siblings[i], scope, ctx.trace, ctx.siblings, i)
         traced = {name: v for name, v in scope.values.items() if name not in xs and not is_static(v)}
         return jnp.sum(scope[y]), traced
 
