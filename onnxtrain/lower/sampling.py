@@ -1,5 +1,5 @@
 """Sampling at fractional positions: the taps (neighbour index, weight, inside) of each axis and one gather that
-sums their combinations. Shared by GridSample, RoiAlign and DeformConv."""
+sums their combinations. Shared by GridSample and DeformConv."""
 
 from __future__ import annotations
 

@@ -1,18 +1,17 @@
-"""Indexing: gathers and scatters, selection (Where, OneHot, Compress, NonZero, Unique), scans and ordering.
+"""Indexing: gathers and scatters, selection (Where, OneHot, Compress, NonZero, Unique), ReverseSequence.
 
 Gathers and scatters take traced data and traced indices (only shapes are static) and stay differentiable in
 the data, as training graphs need them (embeddings, cross-entropy). Indices known at trace time are range-checked
 up front, since ONNX makes an out-of-range index an error that XLA would otherwise silently fill or drop.
-Ops whose output shape depends on values (NonZero, Unique, Compress, TopK's k) read those values with `static()`.
+Ops whose output shape depends on values (NonZero, Unique, Compress) read those values with `static()`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from ...dtypes import is_float
 from ..axes import normalize_axis
@@ -236,86 +235,3 @@ def reverse_sequence(
     source = xp.where(time < lengths, lengths - 1 - time, time)
     source = xp.broadcast_to(source.reshape(source.shape + (1,) * (data.ndim - 2)), data.shape)
     return xp.take_along_axis(data, source, axis=time_axis)
-
-
-# ---- scans ---------------------------------------------------------------------------------------------------
-
-
-def _shift_in(x: Value, axis: int, fill: int, reverse: bool) -> Value:
-    """Move every element one step along the scan direction, `fill` entering first: turns an inclusive scan
-    into an exclusive one without division (so CumProd stays exact with zeros)."""
-    size = x.shape[axis]
-    pads = [(0, 0)] * x.ndim
-    pads[axis] = (0, 1) if reverse else (1, 0)
-    padded = jnp.pad(x, pads, constant_values=fill)
-    start = 1 if reverse else 0
-    return lax.slice_in_dim(padded, start, start + size, axis=axis)
-
-
-def _cumulative(scan: Callable, identity: int) -> Callable:
-    def cumulative(x: Value, axis: Value, *, exclusive: int = 0, reverse: int = 0) -> Value:
-        x = jnp.asarray(x)
-        along = normalize_axis(static_int(axis, "axis"), x.ndim)
-        if exclusive:
-            x = _shift_in(x, along, identity, bool(reverse))
-        return scan(x, axis=along, reverse=bool(reverse))
-
-    return cumulative
-
-
-SCANS: dict[str, tuple[Callable, int]] = {"CumSum": (lax.cumsum, 0), "CumProd": (lax.cumprod, 1)}
-
-for _name, (_scan, _identity) in SCANS.items():
-    op(_name, *versions(_name))(_cumulative(_scan, _identity))
-
-
-# ---- ordering ------------------------------------------------------------------------------------------------
-
-
-def _arg_reduce(pick: Callable) -> Callable:
-    def arg_reduce(data: Value, *, axis: int = 0, keepdims: int = 1, select_last_index: int = 0) -> Value:
-        data = jnp.asarray(data)
-        along = normalize_axis(axis, data.ndim)
-        if select_last_index:  # the first hit in the reversed tensor is the last one in the original
-            found = (data.shape[along] - 1) - pick(jnp.flip(data, along), axis=along, keepdims=bool(keepdims))
-        else:
-            found = pick(data, axis=along, keepdims=bool(keepdims))
-        return found.astype(jnp.int64)
-
-    return arg_reduce
-
-
-ARG_REDUCTIONS: dict[str, Callable] = {"ArgMax": jnp.argmax, "ArgMin": jnp.argmin}
-
-for _name, _pick in ARG_REDUCTIONS.items():
-    op(_name, *versions(_name))(_arg_reduce(_pick))
-
-
-def _order_reversed(x: Value) -> Value:
-    """A key whose descending order is x's ascending order; bitwise-not cannot overflow as negation can."""
-    return -x if is_float(x.dtype) else jnp.bitwise_not(x)
-
-
-def _top_k(x: Value, k: int, axis: int, largest: bool) -> tuple[Value, Value]:
-    x = jnp.asarray(x)
-    along = normalize_axis(axis, x.ndim)
-    if not 0 <= k <= x.shape[along]:
-        raise ValueError(f"k = {k} is out of range for axis {along} of size {x.shape[along]}")
-    # XLA's TopK puts the lower index first among equal keys, the tie-break ONNX specifies.
-    _, found = lax.top_k(x if largest else _order_reversed(x), k, axis=along)
-    found = found.astype(jnp.int64)
-    return jnp.take_along_axis(x, found, axis=along), found
-
-
-@op("TopK", *versions("TopK", since=10))
-def top_k(
-    x: Value, k: Value, *, axis: int = -1, largest: int = 1, sorted: int = 1  # noqa: A002 - ONNX's name
-) -> tuple[Value, Value]:
-    # sorted=0 leaves the order unspecified, so sorted output is conformant either way.
-    return _top_k(x, static_int(k, "K"), axis, bool(largest))
-
-
-@op("TopK", *versions("TopK", until=9))
-def top_k_v1(x: Value, *, k: int, axis: int = -1) -> tuple[Value, Value]:
-    """Opset 1 took k as an attribute and always returned the largest."""
-    return _top_k(x, k, axis, largest=True)

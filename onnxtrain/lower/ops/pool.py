@@ -1,4 +1,5 @@
-"""Pooling: MaxPool (with Indices), AveragePool, LpPool, their Global forms, MaxUnpool and MaxRoiPool.
+"""Pooling: MaxPool (with Indices), AveragePool, LpPool, their Global forms, MaxUnpool, and the region-of-interest
+pools MaxRoiPool and RoiAlign.
 
 Window geometry (auto_pad, ceil_mode, dilations) comes from window.sliding_window. Everything runs channels-last,
 like the convolutions, so the transposes between a convolution and a pool cancel. Non-overlapping windows without
@@ -22,7 +23,7 @@ from jax import lax
 from ...dtypes import is_float
 from ..layout import CHANNELS_LAST, ChannelsLast, channels_first, channels_last
 from ..registry import op, versions
-from ..values import static_ints
+from ..values import static, static_ints
 from ..window import Window, explicit_pads, sliding_window, spatial_param, window_views
 
 
@@ -365,3 +366,99 @@ def max_roi_pool(X, rois, *, pooled_shape: Sequence[int], spatial_scale=1.0):
 
     return lax.map(pool_one, jnp.asarray(rois).astype(X.dtype))
 
+
+def roi_axis_samples(start, extent, bins: int, grid, grid_max: int, size: int):
+    """RoiAlign's bilinear taps along one axis for every (roi, bin, sample): [(index, weight)], validity."""
+    bin_size = extent / bins
+    sample = jnp.arange(grid_max, dtype=start.dtype)
+    pos = (
+        start[:, None, None]
+        + jnp.arange(bins, dtype=start.dtype)[None, :, None] * bin_size[:, None, None]
+        + (sample[None, None, :] + 0.5) * (bin_size / jnp.maximum(grid, 1))[:, None, None]
+    )  # (rois, bins, grid_max)
+    inside = (pos >= -1.0) & (pos <= size)
+    pos = jnp.maximum(pos, 0)
+    low = jnp.floor(pos).astype(jnp.int32)
+    at_edge = low >= size - 1
+    low = jnp.where(at_edge, size - 1, low)
+    high = jnp.where(at_edge, size - 1, low + 1)
+    frac = jnp.where(at_edge, 0, pos - low)
+    used = sample[None, None, :] < grid[:, None, None]
+    return [(low, 1 - frac), (high, frac)], inside, used
+
+
+def roi_align_core(
+    X, rois, batch_indices, *, half_pixel: bool, mode: str, output_height: int, output_width: int,
+    sampling_ratio: int, spatial_scale: float,
+):
+    if X.ndim != 4 or rois.ndim != 2 or rois.shape[1] != 4:
+        raise ValueError(f"expected X (N, C, H, W) and rois (R, 4), got {X.shape} and {rois.shape}")
+    if mode not in ("avg", "max"):
+        raise ValueError(f"mode must be avg or max, got {mode!r}")
+    height, width = X.shape[2:]
+    dtype = X.dtype
+    offset = 0.5 if half_pixel else 0.0
+    # with sampling_ratio 0 the number of samples per bin follows each roi's size: the rois must be static, and
+    # the geometry is computed in NumPy (jnp would stage it into the trace)
+    xp = jnp if sampling_ratio > 0 else np
+    rois = rois if sampling_ratio > 0 else static(rois, "rois")
+    boxes = xp.asarray(rois).astype(dtype) * xp.asarray(spatial_scale, dtype) - xp.asarray(offset, dtype)
+    extent_w, extent_h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    if not half_pixel:  # malformed rois are forced to 1x1
+        extent_w, extent_h = xp.maximum(extent_w, 1.0), xp.maximum(extent_h, 1.0)
+    if sampling_ratio > 0:
+        grid_h = grid_w = jnp.full((rois.shape[0],), sampling_ratio, jnp.int32)
+        max_h = max_w = sampling_ratio
+    else:
+        grid_h = np.ceil(extent_h / output_height).astype(np.int32)
+        grid_w = np.ceil(extent_w / output_width).astype(np.int32)
+        max_h, max_w = max(int(grid_h.max(initial=0)), 1), max(int(grid_w.max(initial=0)), 1)
+    taps_y, inside_y, used_y = roi_axis_samples(boxes[:, 1], extent_h, output_height, grid_h, max_h, height)
+    taps_x, inside_x, used_x = roi_axis_samples(boxes[:, 0], extent_w, output_width, grid_w, max_w, width)
+    batch = jnp.asarray(batch_indices).astype(jnp.int32)[:, None, None, None, None]
+    # samples laid out (roi, bin_y, sample_y, bin_x, sample_x, channel)
+    corners = []
+    for y_index, y_weight in taps_y:
+        for x_index, x_weight in taps_x:
+            values = X[batch, :, y_index[:, :, :, None, None], x_index[:, None, None, :, :]]
+            weight = y_weight[:, :, :, None, None] * x_weight[:, None, None, :, :]
+            corners.append(values * weight[..., None].astype(dtype))
+    inside = (inside_y[:, :, :, None, None] & inside_x[:, None, None, :, :])[..., None]
+    used = (used_y[:, :, :, None, None] & used_x[:, None, None, :, :])[..., None]
+    if mode == "avg":
+        samples = jnp.where(inside & used, sum(corners), jnp.zeros((), dtype))
+        count = jnp.maximum(grid_h * grid_w, 1).astype(dtype)[:, None, None, None]
+        pooled = jnp.sum(samples, axis=(2, 4)) / count
+    else:
+        best_corner = corners[0]
+        for corner in corners[1:]:
+            best_corner = jnp.maximum(best_corner, corner)
+        samples = jnp.where(inside, best_corner, jnp.zeros((), dtype))
+        samples = jnp.where(used, samples, jnp.asarray(-jnp.inf, dtype))
+        pooled = jnp.max(samples, axis=(2, 4))
+        pooled = jnp.where(jnp.isneginf(pooled), jnp.zeros((), dtype), pooled)  # a roi with no samples
+    return jnp.moveaxis(pooled, -1, 1)  # (rois, C, output_height, output_width)
+
+
+@op("RoiAlign", *versions("RoiAlign", since=16))
+def roi_align(
+    X, rois, batch_indices, *, coordinate_transformation_mode="half_pixel", mode="avg", output_height=1,
+    output_width=1, sampling_ratio=0, spatial_scale=1.0,
+):
+    if coordinate_transformation_mode not in ("half_pixel", "output_half_pixel"):
+        raise ValueError("coordinate_transformation_mode must be half_pixel or output_half_pixel")
+    return roi_align_core(
+        X, rois, batch_indices, half_pixel=coordinate_transformation_mode == "half_pixel", mode=mode,
+        output_height=output_height, output_width=output_width, sampling_ratio=sampling_ratio,
+        spatial_scale=spatial_scale,
+    )
+
+
+@op("RoiAlign", 10)
+def roi_align_v10(X, rois, batch_indices, *, mode="avg", output_height=1, output_width=1, sampling_ratio=0,
+                  spatial_scale=1.0):
+    """Opset 10 had no coordinate_transformation_mode: it behaved as output_half_pixel."""
+    return roi_align_core(
+        X, rois, batch_indices, half_pixel=False, mode=mode, output_height=output_height,
+        output_width=output_width, sampling_ratio=sampling_ratio, spatial_scale=spatial_scale,
+    )

@@ -1,10 +1,12 @@
-"""Reduce* ops: one table of reductions, two thin adapters for where the axes come from.
+"""Reductions along axes: the Reduce* ops (one table of reductions, two thin adapters for where the axes come
+from), ArgMax/ArgMin, the running reductions CumSum/CumProd, and TopK (the k largest or smallest).
 
 `axes` is an attribute until ReduceSum-13 / the others' version 18, an optional input after. A reduction
 over no axes at all (empty axes with `noop_with_empty_axes=1`) still applies the op's elementwise part, as the
 schemas' function bodies do: ReduceSumSquare gives x*x, ReduceL1 |x|, ReduceLogSum log(x). Reductions over an
 empty set of values give the identity of the reduction (0 for sums, 1 for products, the lowest value of the
-type for max, -inf for the log-sums). Integer and bool inputs keep their dtype.
+type for max, -inf for the log-sums). Integer and bool inputs keep their dtype. TopK's k is read with `static()`:
+it decides the output shape.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from ...dtypes import is_float
-from ..registry import register
-from ..values import Array, static_ints
+from ..axes import normalize_axis
+from ..registry import op, register, versions
+from ..values import Array, Value, static_int, static_ints
 
 Axes = tuple[int, ...]
 Reduction = Callable[[Array, Axes, bool], Array]
@@ -131,3 +135,86 @@ def _with_axes_input(reduction: Reduction) -> Callable:
 for _name, (_reduction, _axes_input_since) in REDUCTIONS.items():
     register(_name, _with_axes_attribute(_reduction), until=_axes_input_since - 1)
     register(_name, _with_axes_input(_reduction), since=_axes_input_since)
+
+
+# ---- scans ---------------------------------------------------------------------------------------------------
+
+
+def _shift_in(x: Value, axis: int, fill: int, reverse: bool) -> Value:
+    """Move every element one step along the scan direction, `fill` entering first: turns an inclusive scan
+    into an exclusive one without division (so CumProd stays exact with zeros)."""
+    size = x.shape[axis]
+    pads = [(0, 0)] * x.ndim
+    pads[axis] = (0, 1) if reverse else (1, 0)
+    padded = jnp.pad(x, pads, constant_values=fill)
+    start = 1 if reverse else 0
+    return lax.slice_in_dim(padded, start, start + size, axis=axis)
+
+
+def _cumulative(scan: Callable, identity: int) -> Callable:
+    def cumulative(x: Value, axis: Value, *, exclusive: int = 0, reverse: int = 0) -> Value:
+        x = jnp.asarray(x)
+        along = normalize_axis(static_int(axis, "axis"), x.ndim)
+        if exclusive:
+            x = _shift_in(x, along, identity, bool(reverse))
+        return scan(x, axis=along, reverse=bool(reverse))
+
+    return cumulative
+
+
+SCANS: dict[str, tuple[Callable, int]] = {"CumSum": (lax.cumsum, 0), "CumProd": (lax.cumprod, 1)}
+
+for _name, (_scan, _identity) in SCANS.items():
+    op(_name, *versions(_name))(_cumulative(_scan, _identity))
+
+
+# ---- ordering ------------------------------------------------------------------------------------------------
+
+
+def _arg_reduce(pick: Callable) -> Callable:
+    def arg_reduce(data: Value, *, axis: int = 0, keepdims: int = 1, select_last_index: int = 0) -> Value:
+        data = jnp.asarray(data)
+        along = normalize_axis(axis, data.ndim)
+        if select_last_index:  # the first hit in the reversed tensor is the last one in the original
+            found = (data.shape[along] - 1) - pick(jnp.flip(data, along), axis=along, keepdims=bool(keepdims))
+        else:
+            found = pick(data, axis=along, keepdims=bool(keepdims))
+        return found.astype(jnp.int64)
+
+    return arg_reduce
+
+
+ARG_REDUCTIONS: dict[str, Callable] = {"ArgMax": jnp.argmax, "ArgMin": jnp.argmin}
+
+for _name, _pick in ARG_REDUCTIONS.items():
+    op(_name, *versions(_name))(_arg_reduce(_pick))
+
+
+def _order_reversed(x: Value) -> Value:
+    """A key whose descending order is x's ascending order; bitwise-not cannot overflow as negation can."""
+    return -x if is_float(x.dtype) else jnp.bitwise_not(x)
+
+
+def _top_k(x: Value, k: int, axis: int, largest: bool) -> tuple[Value, Value]:
+    x = jnp.asarray(x)
+    along = normalize_axis(axis, x.ndim)
+    if not 0 <= k <= x.shape[along]:
+        raise ValueError(f"k = {k} is out of range for axis {along} of size {x.shape[along]}")
+    # XLA's TopK puts the lower index first among equal keys, the tie-break ONNX specifies.
+    _, found = lax.top_k(x if largest else _order_reversed(x), k, axis=along)
+    found = found.astype(jnp.int64)
+    return jnp.take_along_axis(x, found, axis=along), found
+
+
+@op("TopK", *versions("TopK", since=10))
+def top_k(
+    x: Value, k: Value, *, axis: int = -1, largest: int = 1, sorted: int = 1  # noqa: A002 - ONNX's name
+) -> tuple[Value, Value]:
+    # sorted=0 leaves the order unspecified, so sorted output is conformant either way.
+    return _top_k(x, static_int(k, "K"), axis, bool(largest))
+
+
+@op("TopK", *versions("TopK", until=9))
+def top_k_v1(x: Value, *, k: int, axis: int = -1) -> tuple[Value, Value]:
+    """Opset 1 took k as an attribute and always returned the largest."""
+    return _top_k(x, k, axis, largest=True)
