@@ -14,6 +14,7 @@ for the ai.onnx.ml domain.
 from __future__ import annotations
 
 import inspect
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -32,6 +33,7 @@ class OpImpl:
     fn: Callable
     wants_ctx: bool
     layout: str = ""  # layout.ELEMENTWISE or layout.CHANNELS_LAST: the op takes channels-last activations
+    module: str = ""  # the op module that registered it, where a reader finds it (docs/ops.md names it)
 
 
 _REGISTRY: dict[tuple[str, str, int], OpImpl] = {}
@@ -51,10 +53,19 @@ def op(op_type: str, *since_versions: int, domain: str = "", layout: str = "") -
             key = (canonical_domain(domain), op_type, version)
             if key in _REGISTRY:
                 raise RuntimeError(f"{key} registered twice ({_REGISTRY[key].fn.__name__} and {fn.__name__})")
-            _REGISTRY[key] = OpImpl(fn, wants_ctx, layout)
+            _REGISTRY[key] = OpImpl(fn, wants_ctx, layout, _registering_module())
         return fn
 
     return register
+
+
+def _registering_module() -> str:
+    """The module whose code registers: the op module, also through the table-entry form below (a table entry's
+    function may be a library one, jnp.abs, so its own __module__ would not say where the entry is)."""
+    frame = sys._getframe(1)
+    while frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back
+    return frame.f_globals["__name__"]
 
 
 def schema_for(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema | None:

@@ -25,7 +25,7 @@ def elu(x: Array, *, alpha: float = 1.0) -> Array:
     return jnp.where(x >= 0, x, alpha * jnp.expm1(jnp.minimum(x, 0)))  # min keeps exp's overflow off the gradient
 
 
-def selu(x: Array, *, alpha: float = 1.67326319217681884765625, gamma: float = 1.05070102214813232421875) -> Array:
+def selu(x: Array, *, alpha: float, gamma: float) -> Array:  # Selu-1 and Selu-6 default them differently
     return gamma * jnp.where(x > 0, x, alpha * jnp.expm1(jnp.minimum(x, 0)))
 
 

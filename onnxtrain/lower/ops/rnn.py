@@ -233,9 +233,9 @@ def recurrence(
 
     # On the CPU one stacked input per gate (cells take x as a tuple of gate blocks): a step's slice of the whole
     # [T, D, B, gates*H] projection, split into gates inside the cell, fused into the cell's elementwise kernel
-    # as index arithmetic that XLA-CPU runs ~4x slower (inference over 32 steps: LSTM 5.4 -> 2.9 ms, GRU with
-    # linear_before_reset 6.0 -> 2.5 ms). Elsewhere the one projection, split in the step as a JAX user writes
-    # it: per-gate inputs cost every step a slice per gate, and its gradient a store per gate, each a kernel.
+    # as index arithmetic that XLA-CPU runs several times slower (benchmarks/README.md). Elsewhere the one
+    # projection, split in the step as a JAX user writes it: per-gate inputs cost every step a slice per gate,
+    # and its gradient a store per gate, each a kernel.
     per_gate = target_platform() == "cpu"
     scanned = tuple(jnp.split(projected, kind.gates, axis=-1)) if per_gate else projected
 
@@ -270,7 +270,7 @@ def activation_functions(
 
 @op("RNN", *versions("RNN", since=7))
 def rnn(
-    X, W, R, B=None, sequence_lens=None, initial_h=None, *, hidden_size=None, activations=None,
+    X, W, R, B=None, sequence_lens=None, initial_h=None, *, hidden_size=None, activations=("Tanh", "Tanh"),
     activation_alpha=None, activation_beta=None, clip=None, direction="forward", layout=0,
 ) -> tuple:
     return recurrence(
@@ -314,7 +314,7 @@ def rnn_v1(*inputs, output_sequence=0, **attributes) -> tuple:
 
 
 @op("GRU", 1, 3)
-def gru_v1(*inputs, output_sequence=0, direction="forward", **attributes) -> tuple:
+def gru_v1(*inputs, direction: str, output_sequence=0, **attributes) -> tuple:
     return gru(*inputs, direction="forward" if direction == "foward" else direction, **attributes)
 
 
