@@ -1,4 +1,4 @@
-"""The static/traced value rule (DESIGN.md): NumPy arrays are known at trace time, jax arrays are not.
+"""The static/traced value rule (docs/architecture.md): NumPy arrays are known at trace time, jax arrays are not.
 
 Implementations are written once, in jax.numpy. The graph walker runs a node whose inputs are all static under
 `static_evaluation()` (eagerly, on the CPU) and turns its results back into NumPy, so shape arithmetic
@@ -36,8 +36,8 @@ def host_device() -> jax.Device | None:
 @contextmanager
 def static_evaluation() -> Iterator[None]:
     """jax.numpy computes eagerly, inside a trace too, and on the CPU: each distinct small computation is a
-    program compiled once per process, which takes milliseconds there and tens of them on a GPU (the compile
-    log of a first train step on an H100: ~55 ms apiece), and its result goes to NumPy anyway."""
+    program compiled once per process, which takes milliseconds there and tens of them on a GPU, and its result
+    goes to NumPy anyway."""
     with jax.ensure_compile_time_eval(), jax.default_device(host_device()):
         yield
 

@@ -67,10 +67,10 @@ def _tile_axes(tiled) -> tuple[int, ...]:
 @partial(jax.custom_vjp, nondiff_argnums=(1,))
 def reduce_tiles(tiled, kind: str):
     """Max or sum over the within-tile axes of (N, out1, k1, ..., C). Computed elementwise over each tile's
-    members, not as a reduction: XLA-CPU fused a reduction with the convolution feeding it into one slow kernel
-    (a small CNN's inference ran 3x slower). Its gradient is written out (autodiff's, of either form, was 1 ms
-    of a 5 ms CNN train step): a sum's goes to every member, a maximum's to the tile's first maximum, as
-    sliding_max's does and as ONNX Runtime and PyTorch do."""
+    members, not as a reduction: XLA-CPU fused a reduction with the convolution feeding it into one slow kernel.
+    Its gradient is written out (autodiff's, of either form, was a fifth of a small CNN's train step): a sum's
+    goes to every member, a maximum's to the tile's first maximum, as sliding_max's does and as ONNX Runtime and
+    PyTorch do."""
     combine = jnp.maximum if kind == "max" else jnp.add
     for axis in reversed(_tile_axes(tiled)):
         members = [lax.index_in_dim(tiled, i, axis, keepdims=False) for i in range(tiled.shape[axis])]

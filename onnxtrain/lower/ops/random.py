@@ -1,5 +1,5 @@
 """Random ops, deterministic from a key: a node's `seed` attribute wins; otherwise the key derives from the
-engine's seed, the node (its output names) and the training step (DESIGN.md, "Operators")."""
+engine's seed, the node (its output names) and the training step (docs/architecture.md)."""
 
 from __future__ import annotations
 
