@@ -27,7 +27,7 @@ from .dtypes import is_float
 from .errors import ModelLoadError, StateError, StepError
 from .feeds import FeedChecker, array_signature
 from .lower.constants import load_time_constants
-from .lower.graph import Runtime, Scope, run_graph, run_nodes
+from .lower.walker import Scope, TraceContext, run_graph, run_nodes
 from .model import Graph, ModelSource, ValueInfo, build_graph, check_model, model_resolver, raise_if_missing
 from .model import read_model
 from .placement import Placement, host_array
@@ -141,7 +141,7 @@ class Engine:
 
     def _infer_body(self, state, consts, key, feeds, static_feeds):
         scope = self._scope(self._main_static, consts, state, feeds={**static_feeds, **feeds})
-        run_nodes(self.graph.nodes, scope, Runtime(key, self.functions))
+        run_nodes(self.graph.nodes, scope, TraceContext(key, self.functions))
         return {}, {o.name: scope[o.name] for o in self.graph.outputs}
 
     def _train_program(self, algorithm: Algorithm) -> Program:
@@ -151,9 +151,9 @@ class Engine:
             state, step = carry
             scope = self._scope(self._main_static, consts, self._algorithm_static[algorithm.index], algorithm_consts,
                                 state, feeds={**static_feeds, **feeds})
-            runtime = Runtime(jax.random.fold_in(key, step), self.functions, training=True, step=step)
-            run_nodes(nodes, scope, runtime)
-            self._draws[algorithm.index] = runtime.draws.any
+            trace = TraceContext(jax.random.fold_in(key, step), self.functions, training=True, step=step)
+            run_nodes(nodes, scope, trace)
+            self._draws[algorithm.index] = trace.draws.any
             # An output bound to state is the new state itself; returning it again would cost a copy per step.
             bound = set(algorithm.update_binding.values())
             outputs = {
@@ -162,7 +162,7 @@ class Engine:
             where = f"training_info[{algorithm.index}].update_binding"
             state = assign(state, algorithm.update_binding, {n: scope[n] for n in bound}, where)
             # the count only seeds random streams: a step that draws none leaves it as it is (one kernel less)
-            return (self._placement.keep_layout(state), step + 1 if runtime.draws.any else step), outputs
+            return (self._placement.keep_layout(state), step + 1 if trace.draws.any else step), outputs
 
         return Program(body, nodes, self._placement.platform, donate=(0,), matmul_precision=self.matmul_precision,
                        constants={**self._hoisted[0], **self._hoisted[1 + algorithm.index]})
@@ -172,8 +172,8 @@ class Engine:
             if algorithm.initialization is None:
                 continue
             graph = algorithm.initialization
-            runtime = Runtime(jax.random.fold_in(key, algorithm.index), self.functions)
-            values = dict(zip([o.name for o in graph.outputs], run_graph(graph, [], runtime)))
+            trace = TraceContext(jax.random.fold_in(key, algorithm.index), self.functions)
+            values = dict(zip([o.name for o in graph.outputs], run_graph(graph, [], trace)))
             where = f"training_info[{algorithm.index}].initialization_binding"
             state = assign(state, algorithm.initialization_binding, values, where)
         return self._placement.keep_layout(state), {}

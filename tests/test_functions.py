@@ -10,7 +10,7 @@ import onnx
 from onnx import TensorProto, helper
 
 import onnxtrain
-from onnxtrain.lower.graph import Runtime, Scope, run_node
+from onnxtrain.lower.walker import TraceContext, Scope, run_node
 from onnxtrain.model import Resolver, build_node
 
 LOCAL = "local.fns"
@@ -78,7 +78,7 @@ def test_schema_function_body_runs_an_op_without_its_lowering():
     proto = helper.make_node("Celu", ["x"], ["y"], alpha=2.0)
     node = build_node(proto, Resolver({"": 17}, {}))
     scope = Scope({"x": X})
-    run_node(dataclasses.replace(node, impl=None), scope, Runtime(jax.random.key(0)), [node], 0)
+    run_node(dataclasses.replace(node, impl=None), scope, TraceContext(jax.random.key(0)), [node], 0)
     expected = np.maximum(0, X) + np.minimum(0, 2.0 * (np.exp(X / 2.0) - 1))
     np.testing.assert_allclose(np.asarray(scope["y"]), expected, rtol=1e-6)
 

@@ -1,10 +1,5 @@
-"""ONNX -> JAX lowering. Importing this package registers every op module in it (one file per op group)."""
+"""ONNX -> JAX lowering. The modules here are the machinery (registry, walker, values, layout, target and the
+helpers several op groups share); `ops/` holds the operators, one module per op group. Importing this package
+registers every op."""
 
-import importlib
-import pkgutil
-
-_INFRASTRUCTURE = {"graph", "registry", "values", "target"}
-
-for _module in pkgutil.iter_modules(__path__):
-    if _module.name not in _INFRASTRUCTURE:
-        importlib.import_module(f"{__name__}.{_module.name}")
+from . import ops  # noqa: F401  (registers every op)

@@ -50,7 +50,7 @@ def foldable(node: "Node") -> bool:
 
 def fold(nodes: Sequence["Node"], known: Mapping[str, Value]) -> dict[str, Value]:
     """`known` plus every value `nodes` compute from it alone, as the trace would compute them."""
-    from .graph import Runtime, Scope, run_node
+    from .walker import Scope, TraceContext, run_node
 
     scope = Scope(dict(known))
     for position, node in enumerate(nodes):
@@ -58,7 +58,7 @@ def fold(nodes: Sequence["Node"], known: Mapping[str, Value]) -> dict[str, Value
         if not (foldable(node) and all(name in scope.values and is_static(scope.values[name]) for name in inputs)):
             continue
         try:
-            run_node(node, scope, Runtime(key=None), nodes, position)
+            run_node(node, scope, TraceContext(key=None), nodes, position)
         except OnnxTrainError:
             continue  # the trace runs the node again and reports the error where it always has
     return scope.values

@@ -10,7 +10,7 @@ unconverted to the next op when that op is
 
 Every other consumer (Flatten, Reshape, a graph output, a state assignment, a subgraph) sees the ordinary
 channels-first array. Without this, a Relu between a convolution and a pool sat in channels-first layout and the
-gradient paid two transposes of every activation (a small CNN's train step: 1.2x the hand-written JAX step).
+gradient paid two transposes of every activation (benchmarks/README.md, "How the design's choices measured").
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ class ChannelsLast:
 
     `at(grid)`, when the producer gives one, computes the data at a strided grid of positions from the
     producer's own inputs: a tiled pool reads a shallow convolution (and the elementwise ops after it) at each
-    window offset that way, which XLA-CPU compiles 3-5x faster than the same pool over the convolution's output.
+    window offset that way, which XLA-CPU compiles to faster code than the same pool over the convolution's
+    output.
     It is a trace-time helper only: it does not survive flattening (jax.vjp's auxiliary values, for one)."""
 
     def __init__(self, data: Any, at: Callable[[Grid], Any] | None = None):

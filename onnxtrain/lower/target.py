@@ -4,7 +4,7 @@ A lowering that only picks between two computations of the same inputs could use
 but the first-layer convolution decides more than that: on the CPU it hands the pool after it a way to compute
 it at each window offset, and the pool then reads it four times. Under `platform_dependent` every other backend
 would take those four reads too, and differentiating them gives four kernel-gradient convolutions where one
-would do (a small CNN's train step on an H100: 80 kernels against a hand-written step's 50). So the platform is
+would do (a small CNN's train step on a GPU ran many more kernels than a hand-written one). So the platform is
 chosen where the program is traced: the engine knows the devices it places the program on.
 """
 

@@ -1,4 +1,4 @@
-"""The static/traced value rule (DESIGN.md): NumPy arrays are known at trace time, jax arrays are not.
+"""The static/traced value rule (docs/architecture.md): NumPy arrays are known at trace time, jax arrays are not.
 
 Implementations are written once, in jax.numpy. The graph walker runs a node whose inputs are all static under
 `static_evaluation()` (eagerly, on the CPU) and turns its results back into NumPy, so shape arithmetic
@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import functools
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import jax
 import numpy as np
 
 from ..errors import StaticValueRequired
 
+if TYPE_CHECKING:
+    from .walker import NodeContext
+
 Value = Any  # np.ndarray | jax.Array | list (an ONNX sequence) | None (absent optional)
+Array = Any  # a jax array or a NumPy array (static value)
 
 
 @functools.cache
@@ -32,8 +36,8 @@ def host_device() -> jax.Device | None:
 @contextmanager
 def static_evaluation() -> Iterator[None]:
     """jax.numpy computes eagerly, inside a trace too, and on the CPU: each distinct small computation is a
-    program compiled once per process, which takes milliseconds there and tens of them on a GPU (the compile
-    log of a first train step on an H100: ~55 ms apiece), and its result goes to NumPy anyway."""
+    program compiled once per process, which takes milliseconds there and tens of them on a GPU, and its result
+    goes to NumPy anyway."""
     with jax.ensure_compile_time_eval(), jax.default_device(host_device()):
         yield
 
@@ -86,3 +90,23 @@ def static_int(value: Value, what: str) -> int:
 def is_text(value: Value) -> bool:
     """A string tensor: it lives on the host (NumPy object or str array), never in XLA."""
     return isinstance(value, np.ndarray) and value.dtype.kind in "OUS"
+
+
+def needs_static(ctx: "NodeContext", index: int, what: str, reason: str) -> StaticValueRequired:
+    """A StaticValueRequired for input `index` that also says why the value must be known at compile time."""
+    name = ctx.node.inputs[index] if index < len(ctx.node.inputs) and ctx.node.inputs[index] else None
+    return StaticValueRequired(what, name, ctx.node.label, reason)
+
+
+def folded(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`, kept static when every argument is static (inside jit, jnp would stage it otherwise)."""
+    if is_static(*args):
+        with static_evaluation():
+            return to_static(fn(*args))
+    return fn(*args)
+
+
+def signature(tree: Any) -> tuple:
+    """What a lax primitive requires to be equal between iterations or branches: structure, shapes, dtypes."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return treedef, tuple((tuple(np.shape(x)), np.dtype(x.dtype)) for x in leaves)

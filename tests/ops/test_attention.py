@@ -12,7 +12,7 @@ from onnx.reference import ReferenceEvaluator
 
 import onnxtrain
 from onnxtrain.dtypes import onnx_type
-from onnxtrain.lower import attention as att
+from onnxtrain.lower.ops import attention as att
 
 rng = np.random.default_rng(0)
 

@@ -16,7 +16,7 @@ import onnxtrain
 from nodes import node_model, run_both
 from onnxtrain.dtypes import np_dtype, onnx_type
 from onnxtrain.errors import NodeError
-from onnxtrain.lower import cast as cast_ops
+from onnxtrain.lower.ops import cast as cast_ops
 
 BIG = 2**53 + 1  # an int64 that cannot pass through a float64 unchanged
 

@@ -13,8 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnxtrain.errors import StaticValueRequired
-from onnxtrain.lower import control
-from onnxtrain.lower.graph import Runtime, run_graph
+from onnxtrain.lower.ops import control
+from onnxtrain.lower.walker import TraceContext, run_graph
 from onnxtrain.model import build_graph, model_resolver
 from nodes import run_with_engine as run, value as info, graph_model as model
 
@@ -50,11 +50,11 @@ def graph_function(m):
     """The main graph as a plain function of its inputs, for jax.grad (what training differentiates)."""
     resolver = model_resolver(m)
     graph = build_graph(m.graph, resolver)
-    runtime = Runtime(jax.random.key(0), resolver.functions)
+    trace = TraceContext(jax.random.key(0), resolver.functions)
 
     def fn(*args):
         with jax.enable_x64(True):
-            return run_graph(graph, list(args), runtime)
+            return run_graph(graph, list(args), trace)
 
     return fn
 

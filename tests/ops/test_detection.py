@@ -40,7 +40,7 @@ def test_random_boxes_match_a_definition_written_in_numpy():
 def test_traced_boxes_inside_a_graph_are_a_clear_error():
     import jax
 
-    from onnxtrain.lower.detection import non_max_suppression
+    from onnxtrain.lower.ops.detection import non_max_suppression
 
     with pytest.raises(StaticValueRequired, match="'boxes'"):
         jax.jit(lambda b: non_max_suppression(b, np.ones((1, 1, 2), np.float32)))(np.zeros((1, 2, 4), np.float32))

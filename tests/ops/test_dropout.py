@@ -13,7 +13,7 @@ from onnx import helper
 
 import onnxtrain
 from nodes import assert_matches_reference, node_model
-from onnxtrain.lower.dropout import dropout
+from onnxtrain.lower.ops.dropout import dropout
 from training_models import model as training_model
 from training_models import vi
 
@@ -167,7 +167,7 @@ def test_train_step_drops_and_infer_does_not(opset):
 
 
 def test_gradient_flows_through_kept_elements_only():
-    ctx = SimpleNamespace(runtime=SimpleNamespace(training=True), rng=lambda seed=None: jax.random.key(7))
+    ctx = SimpleNamespace(trace=SimpleNamespace(training=True), rng=lambda seed=None: jax.random.key(7))
     x = jnp.asarray(rng.standard_normal((20, 20)), jnp.float32)
     weight = jnp.arange(400, dtype=jnp.float32).reshape(20, 20)
     grad = jax.jit(jax.grad(lambda v: jnp.sum(dropout(v, 0.2, ctx=ctx)[0] * weight)))(x)

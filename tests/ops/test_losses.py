@@ -9,7 +9,7 @@ from jax.test_util import check_grads
 
 import onnxtrain
 from nodes import assert_matches_reference, node_model
-from onnxtrain.lower import losses
+from onnxtrain.lower.ops import losses
 from nodes import run_outputs as run
 
 rng = np.random.default_rng(0)

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 import onnxtrain
 from nodes import node_model, run_both
 from onnxtrain.errors import NodeError
-from onnxtrain.lower import ml
+from onnxtrain.lower.ops import ml
 from onnxtrain.lower.registry import ML_DOMAIN, lookup, versions
 
 # Strings only exist on the host: an op producing them from numbers compiles its numeric feed in (a warning).

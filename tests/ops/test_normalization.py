@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 import onnxtrain
 from nodes import assert_matches_reference, node_model
-from onnxtrain.lower import normalization as norm
+from onnxtrain.lower.ops import normalization as norm
 from onnxtrain.lower.layout import channels_first
 from training_models import model as training_model
 from training_models import tensor, vi

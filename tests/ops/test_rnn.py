@@ -10,7 +10,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from onnxtrain.dtypes import onnx_type
-from onnxtrain.lower.graph import Runtime, run_graph
+from onnxtrain.lower.walker import TraceContext, run_graph
 from onnxtrain.lower.target import targeting
 from onnxtrain.model import build_graph, model_resolver
 from onnxtrain.placement import Placement
@@ -247,7 +247,7 @@ def traced_outputs(model, feeds):
     graph = build_graph(model.graph, model_resolver(model))
 
     def outputs(**changed):
-        return run_graph(graph, [changed.get(n, v) for n, v in feeds.items()], Runtime(jax.random.key(0)))
+        return run_graph(graph, [changed.get(n, v) for n, v in feeds.items()], TraceContext(jax.random.key(0)))
 
     return outputs
 

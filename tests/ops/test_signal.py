@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 import onnxtrain
 from nodes import assert_matches_reference, node_model, run_both
 from onnxtrain.dtypes import onnx_type
-from onnxtrain.lower import signal
+from onnxtrain.lower.ops import signal
 from nodes import run_with_engine as run
 
 T = TensorProto

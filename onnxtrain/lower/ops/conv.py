@@ -1,0 +1,365 @@
+"""Convolutions (Conv, ConvTranspose, ConvInteger, QLinearConv, DeformConv); their window geometry is
+lower/window.py, shared with the pools.
+
+Layout: ONNX tensors are channels-first; XLA's CPU convolution is fastest channels-last, so every convolution
+runs on (N, *spatial, C) activations with a (*spatial, I, O) kernel and hands its result on channels-last
+(lower/layout.py), as do the pools and Resize: the elementwise ops between them keep that layout, so an
+activation is transposed only where an op needs it channels-first (a channels-first pool between two
+convolutions made a small CNN's train step twice as slow).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..layout import CHANNELS_LAST, ChannelsLast, Grid, channels_first, channels_last, strided
+from ..registry import op, versions
+from ..sampling import gather_taps, linear_taps
+from ..target import target_platform
+from ..window import (
+    Window, check_auto_pad, explicit_pads, sliding_window, spatial_param, split_padding, window_views,
+)
+
+
+class Geometry(NamedTuple):
+    """A convolution's window walk, hashable so custom_vjp can take it as a static argument."""
+
+    strides: tuple[int, ...]
+    padding: tuple[tuple[int, int], ...]  # explicit (begin, end) per spatial axis
+    dilations: tuple[int, ...]
+    groups: int = 1
+
+
+def convolve(
+    x,
+    w,
+    strides: Sequence[int],
+    padding: Sequence[tuple[int, int]],
+    dilations: Sequence[int],
+    groups: int,
+    input_dilation: Sequence[int] | None = None,
+    accumulate=None,
+    bias=None,
+):
+    """ONNX-layout convolution (x: N,C,*S, possibly held channels-last; w: O,C/groups,*K) plus an optional
+    bias, computed and returned channels-last."""
+    rank = x.ndim - 2
+    if x.shape[1] != w.shape[1] * groups:
+        raise ValueError(f"X has {x.shape[1]} channels, W expects {w.shape[1]} per group x {groups} groups")
+    if w.shape[0] % groups:
+        raise ValueError(f"W's {w.shape[0]} output channels do not divide into {groups} groups")
+    geometry = Geometry(tuple(strides), tuple(tuple(p) for p in padding), tuple(dilations), groups)
+    x, w = channels_last(x), jnp.transpose(w, (*range(2, rank + 2), 1, 0))
+
+    def biased(y):  # channels-last: the bias broadcasts along the minor axis
+        return y if bias is None else y + jnp.asarray(bias).astype(y.dtype)
+
+    depthwise_or_dense = groups == 1 or groups == x.shape[-1]
+    shallow = depthwise_or_dense and not input_dilation and accumulate is None and is_shallow(w, groups)
+    if shallow and target_platform() == "cpu":  # elsewhere XLA's (cuDNN's) convolution is the fast one
+
+        def at(grid: Grid | None):
+            return biased(shallow_convolution(x, w, geometry, grid))
+
+        return ChannelsLast(at(None), at)
+    return ChannelsLast(biased(xla_convolution(x, w, geometry, input_dilation, accumulate)))
+
+
+def xla_convolution(x, w, geometry: Geometry, input_dilation: Sequence[int] | None = None, accumulate=None):
+    """XLA's convolution of channels-last x (N, *S, C) with a (*K, I, O) kernel."""
+    rank = x.ndim - 2
+    spatial = tuple(range(1, rank + 1))
+    numbers = lax.ConvDimensionNumbers(
+        lhs_spec=(0, rank + 1, *spatial), rhs_spec=(rank + 1, rank, *range(rank)), out_spec=(0, rank + 1, *spatial)
+    )
+    return lax.conv_general_dilated(
+        x,
+        w,
+        window_strides=geometry.strides,
+        padding=geometry.padding,
+        lhs_dilation=tuple(input_dilation) if input_dilation else None,
+        rhs_dilation=geometry.dilations,
+        dimension_numbers=numbers,
+        feature_group_count=geometry.groups,
+        preferred_element_type=accumulate,
+    )
+
+
+# The largest contraction (input channels x kernel taps) for which XLA-CPU runs a dense convolution faster as
+# multiply-adds of shifted views than as its convolution: a first layer (1 channel 5x5, 3 channels 3x3), where
+# XLA-CPU's convolution is 3-10x slower than the arithmetic warrants (benchmarks/README.md). A depthwise
+# convolution (one input channel per group) is 10-35x slower in XLA-CPU than as multiply-adds, whatever its
+# channels; its kernel only has to stay small enough to unroll.
+SHALLOW_CONTRACTION = 27
+DEPTHWISE_TAPS = 64
+
+
+def is_shallow(w, groups: int) -> bool:
+    """w: (*kernel, in per group, out), channels-last."""
+    if w.dtype not in (jnp.float32, jnp.float64):  # half precision must accumulate wider
+        return False
+    if groups == 1:
+        return math.prod(w.shape[:-1]) <= SHALLOW_CONTRACTION
+    return w.shape[-2] == 1 and math.prod(w.shape[:-2]) <= DEPTHWISE_TAPS
+
+
+def _shallow_views(x, w, geometry: Geometry, grid: Grid | None):
+    """The shifted views of each kernel tap, for the output positions of `grid` (all of them if None); for a
+    depthwise convolution each input channel repeated for the outputs of its group."""
+    padded = lax.pad(x, np.zeros((), x.dtype), [(0, 0, 0), *[(b, e, 0) for b, e in geometry.padding], (0, 0, 0)])
+    if grid is None:
+        spans = [(k - 1) * d + 1 for k, d in zip(w.shape[:-2], geometry.dilations)]
+        out = [(size - span) // s + 1 for size, span, s in zip(padded.shape[1:-1], spans, geometry.strides)]
+        grid = ((0,) * len(out), (1,) * len(out), tuple(out))
+    starts, steps, counts = grid
+    # output position p reads padded input p * stride + tap * dilation
+    outer = tuple(p * s for p, s in zip(starts, geometry.strides))
+    multiplier = w.shape[-1] // geometry.groups
+    for offset, view in window_views(padded, w.shape[:-2], [t * s for t, s in zip(steps, geometry.strides)],
+                                     geometry.dilations, counts, outer):
+        yield offset, jnp.repeat(view, multiplier, axis=-1) if geometry.groups > 1 and multiplier > 1 else view
+
+
+def _multiply_adds(x, w, geometry: Geometry, grid: Grid | None):
+    total = None
+    for offset, view in _shallow_views(x, w, geometry, grid):
+        if geometry.groups > 1:  # depthwise: output channel o reads (its repeat of) one input channel
+            terms = [view * w[(*offset, 0)]]
+        else:
+            terms = [view[..., c:c + 1] * w[(*offset, c)] for c in range(view.shape[-1])]
+        for term in terms:
+            total = term if total is None else total + term
+    return total
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def shallow_convolution(x, w, geometry: Geometry, grid: Grid | None = None):
+    """A convolution over few input channels, or a depthwise one (channels-last x, kernel (*K, I, O)), as a
+    sum of broadcast multiplies of shifted views, at the output positions of `grid` (all if None): XLA fuses
+    them into one loop."""
+    return _multiply_adds(x, w, geometry, grid)
+
+
+def _xla_convolution_at(x, w, geometry: Geometry, grid: Grid | None):
+    y = xla_convolution(x, w, geometry)
+    return y if grid is None else strided(y, grid)
+
+
+def _shallow_forward(x, w, geometry: Geometry, grid: Grid | None):
+    return shallow_convolution(x, w, geometry, grid), (x, w)
+
+
+def _shallow_backward(geometry: Geometry, grid: Grid | None, residuals, grad):
+    """The kernel's gradient from the same views: one product with the output gradient (im2col), or for a
+    depthwise kernel one sum per tap. XLA's own ran a full-size convolution per pool window offset, over an
+    output gradient that is mostly zeros. The input's gradient (dead code in a first layer): XLA's
+    convolution's for a dense kernel, the multiply-adds' own for a depthwise one (XLA's is the slow kind)."""
+    x, w = residuals
+    views = [view for _, view in _shallow_views(x, w, geometry, grid)]
+    batch_axes = tuple(range(grad.ndim - 1))
+    if geometry.groups > 1:
+        dw = jnp.stack([jnp.sum(view * grad, axis=batch_axes) for view in views])
+        dx_of = partial(_multiply_adds, w=w, geometry=geometry, grid=grid)
+    else:
+        # The patches built taps-and-channels by positions, the layout the product reads: concatenated along
+        # the channels, XLA-CPU copied them into it (a small CNN's train step 7-15 % slower)
+        positions = math.prod(grad.shape[:-1])
+        patches = jnp.stack([jnp.moveaxis(view, -1, 0) for view in views]).reshape(-1, positions)
+        dw = jnp.dot(patches, grad.reshape(positions, grad.shape[-1]))
+        dx_of = partial(_xla_convolution_at, w=w, geometry=geometry, grid=grid)
+    _, pullback = jax.vjp(dx_of, x)
+    return pullback(grad)[0], jnp.reshape(dw, w.shape).astype(w.dtype)
+
+
+shallow_convolution.defvjp(_shallow_forward, _shallow_backward)
+
+
+def conv_window(x, w, kernel_shape, strides, dilations, pads, auto_pad) -> Window:
+    if x.ndim < 3:
+        raise ValueError(f"X must have a batch, a channel and at least one spatial axis, got shape {x.shape}")
+    if w.ndim != x.ndim:
+        raise ValueError(f"W has rank {w.ndim}, X has rank {x.ndim}")
+    if kernel_shape and tuple(kernel_shape) != tuple(w.shape[2:]):
+        raise ValueError(f"kernel_shape {list(kernel_shape)} does not match W's spatial shape {list(w.shape[2:])}")
+    return sliding_window(x.shape[2:], w.shape[2:], strides, dilations, pads, auto_pad)
+
+
+@op("Conv", *versions("Conv"), layout=CHANNELS_LAST)
+def conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    window = conv_window(X, W, kernel_shape, strides, dilations, pads, auto_pad)
+    return convolve(X, W.astype(X.dtype), window.strides, window.exact_pads, window.dilations, group, bias=B)
+
+
+def integer_operand(v, zero_point, channel_axis_size: int | None = None):
+    """v - zero_point as exact float64 integers; a 1-D zero point of length `channel_axis_size` applies per
+    output channel."""
+    v = jnp.asarray(v).astype(jnp.float64)
+    if zero_point is None:
+        return v
+    zp = jnp.asarray(zero_point).astype(jnp.float64)
+    if zp.ndim == 1 and zp.shape[0] != 1:
+        if zp.shape[0] != channel_axis_size:
+            raise ValueError(f"a per-channel zero point has {zp.shape[0]} entries for {channel_axis_size} channels")
+        zp = jnp.reshape(zp, (-1,) + (1,) * (v.ndim - 1))
+    else:
+        zp = jnp.reshape(zp, ())
+    return v - zp
+
+
+def integer_conv(x, x_zero_point, w, w_zero_point, auto_pad, dilations, group, kernel_shape, pads, strides, bias=None):
+    """The int32 accumulation shared by ConvInteger and QLinearConv (zero points pad as zeros). It runs as a
+    float64 convolution: exact (8-bit products summed stay far below 2**53), 10x faster than XLA's integer one
+    on CPU, and the only one GPUs have (cuDNN takes int8 operands, not zero-point-shifted ones)."""
+    window = conv_window(x, w, kernel_shape, strides, dilations, pads, auto_pad)
+    xi = integer_operand(x, x_zero_point)
+    wi = integer_operand(w, w_zero_point, w.shape[0])
+    y = convolve(xi, wi, window.strides, window.exact_pads, window.dilations, group, bias=bias)
+    return channels_first(y).astype(jnp.int32)
+
+
+@op("ConvInteger", *versions("ConvInteger"))
+def conv_integer(
+    x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+    pads=None, strides=None,
+):
+    return integer_conv(x, x_zero_point, w, w_zero_point, auto_pad, dilations, group, kernel_shape, pads, strides)
+
+
+@op("QLinearConv", *versions("QLinearConv"))
+def qlinear_conv(
+    x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None, *, auto_pad="NOTSET",
+    dilations=None, group=1, kernel_shape=None, pads=None, strides=None,
+):
+    acc = integer_conv(x, x_zero_point, w, w_zero_point, auto_pad, dilations, group, kernel_shape, pads, strides, B)
+    w_scale = jnp.asarray(w_scale)
+    if w_scale.size > 1:
+        w_scale = jnp.reshape(w_scale, (1, -1) + (1,) * (acc.ndim - 2))
+    scale_dtype = jnp.result_type(x_scale, w_scale, y_scale)
+    multiplier = jnp.asarray(x_scale).astype(scale_dtype) * w_scale.astype(scale_dtype) / jnp.asarray(y_scale)
+    out_dtype = jnp.asarray(y_zero_point).dtype if y_zero_point is not None else jnp.asarray(x).dtype
+    y = jnp.round(acc.astype(scale_dtype) * multiplier)  # round half to even, as the spec asks
+    if y_zero_point is not None:
+        y = y + jnp.asarray(y_zero_point).astype(scale_dtype)
+    info = jnp.iinfo(out_dtype)
+    return jnp.clip(y, info.min, info.max).astype(out_dtype)
+
+
+def transpose_padding(
+    size: int, span: int, stride: int, extra: int, pad: tuple[int, int], target: int | None, extra_at_end: bool
+) -> tuple[int, int]:
+    """ConvTranspose's pads on one axis: explicit, or derived from output_shape / SAME (the target size)."""
+    if target is None:
+        return pad
+    total = stride * (size - 1) + extra + span - target
+    if total < 0:  # a target larger than the full output: grow it at the end, as output_padding does
+        return (0, total)
+    return split_padding(total, extra_at_end)
+
+
+def conv_transpose_op(legacy_split: bool):
+    """ConvTranspose; `legacy_split` is opset 1's rule for splitting an odd derived pad (the reverse of 11's)."""
+
+    def conv_transpose(
+        X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, output_padding=None,
+        output_shape=None, pads=None, strides=None,
+    ):
+        check_auto_pad(auto_pad)
+        rank = X.ndim - 2
+        if W.ndim != X.ndim:
+            raise ValueError(f"W has rank {W.ndim}, X has rank {X.ndim}")
+        if X.shape[1] != W.shape[0]:
+            raise ValueError(f"X has {X.shape[1]} channels, W has {W.shape[0]} input channels")
+        kernel = tuple(W.shape[2:])
+        if kernel_shape and tuple(kernel_shape) != kernel:
+            raise ValueError(f"kernel_shape {list(kernel_shape)} does not match W's spatial shape {list(kernel)}")
+        strides = spatial_param(strides, rank, 1, "strides")
+        dilations = spatial_param(dilations, rank, 1, "dilations")
+        extras = spatial_param(output_padding, rank, 0, "output_padding")
+        padding = explicit_pads(pads, rank) if auto_pad == "NOTSET" else ((0, 0),) * rank
+        targets: list[int | None] = [None] * rank
+        if output_shape:
+            targets = [int(t) for t in output_shape][-rank:]
+        elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            targets = [size * s for size, s in zip(X.shape[2:], strides)]
+        extra_at_end = (auto_pad == "SAME_UPPER") != legacy_split
+        spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+        padding = [
+            transpose_padding(size, span, s, e, p, t, extra_at_end)
+            for size, span, s, e, p, t in zip(X.shape[2:], spans, strides, extras, padding, targets)
+        ]
+        # a transposed convolution is a convolution of the stride-dilated input with the flipped, transposed kernel
+        conv_padding = [(span - 1 - b, span - 1 - e + extra) for span, (b, e), extra in zip(spans, padding, extras)]
+        c_in, m_per_group = W.shape[0], W.shape[1]
+        w = jnp.reshape(W, (group, c_in // group, m_per_group, *kernel))
+        w = jnp.swapaxes(w, 1, 2).reshape((group * m_per_group, c_in // group, *kernel))
+        w = jnp.flip(w, axis=tuple(range(2, rank + 2)))
+        return convolve(
+            X, w.astype(X.dtype), (1,) * rank, conv_padding, dilations, group, input_dilation=strides, bias=B
+        )
+
+    return conv_transpose
+
+
+op("ConvTranspose", 1, layout=CHANNELS_LAST)(conv_transpose_op(legacy_split=True))
+conv_transpose = op("ConvTranspose", *versions("ConvTranspose", since=11), layout=CHANNELS_LAST)(
+    conv_transpose_op(legacy_split=False)
+)
+
+
+def deform_conv_impl(X, W, offset, B, mask, *, dilations, group, kernel_shape, offset_group, pads, strides):
+    rank = X.ndim - 2
+    n, c = X.shape[:2]
+    kernel = tuple(W.shape[2:])
+    if kernel_shape and tuple(kernel_shape) != kernel:
+        raise ValueError(f"kernel_shape {list(kernel_shape)} does not match W's spatial shape {list(kernel)}")
+    window = sliding_window(X.shape[2:], kernel, strides, dilations, pads)
+    taps = math.prod(kernel)
+    out = tuple(offset.shape[2:])
+    if out != window.out:
+        raise ValueError(f"offset's spatial shape {out} is not the convolution's output shape {window.out}")
+    if offset.shape[1] != offset_group * taps * rank:
+        raise ValueError(f"offset has {offset.shape[1]} channels, expected offset_group x prod(kernel) x {rank}")
+    if c % offset_group:
+        raise ValueError(f"{c} input channels do not divide into offset_group={offset_group}")
+    offset = jnp.reshape(offset, (n, offset_group, taps, rank, *out))
+    # where each kernel tap lands before the learned offsets: (rank, taps, *out)
+    kernel_grid = np.stack(np.meshgrid(*[np.arange(k) * d for k, d in zip(kernel, window.dilations)], indexing="ij"))
+    kernel_grid = kernel_grid.reshape(rank, taps)
+    output_grid = np.stack(
+        np.meshgrid(*[np.arange(o) * s - b for o, s, (b, _) in zip(out, window.strides, window.pads)], indexing="ij")
+    )
+    base = np.swapaxes(kernel_grid.reshape(rank, taps, *([1] * rank)) + output_grid[:, None], 0, 1)
+    coords = offset + jnp.asarray(base, offset.dtype)  # (n, offset_group, taps, rank, *out)
+    q = taps * math.prod(out)
+    axis_taps = [
+        linear_taps(jnp.reshape(coords[:, :, :, a], (n, offset_group, q)), X.shape[2 + a]) for a in range(rank)
+    ]
+    x = jnp.reshape(X, (n, offset_group, c // offset_group, -1))
+    sampled = gather_taps(x, axis_taps, X.shape[2:])  # (n, offset_group, c/offset_group, taps * prod(out))
+    sampled = jnp.reshape(sampled, (n, offset_group, c // offset_group, taps, -1))
+    if mask is not None:
+        sampled = sampled * jnp.reshape(mask, (n, offset_group, 1, taps, -1)).astype(sampled.dtype)
+    sampled = jnp.reshape(sampled, (n, group, c // group, taps, -1))
+    weights = jnp.reshape(W, (group, W.shape[0] // group, c // group, taps)).astype(sampled.dtype)
+    y = jnp.reshape(jnp.einsum("ngcto,gmct->ngmo", sampled, weights), (n, W.shape[0], *out))
+    if B is None:
+        return y
+    return y + jnp.reshape(B, (1, -1) + (1,) * rank).astype(y.dtype)
+
+
+@op("DeformConv", *versions("DeformConv"))
+def deform_conv(
+    X, W, offset, B=None, mask=None, *, dilations=None, group=1, kernel_shape=None, offset_group=1, pads=None,
+    strides=None,
+):
+    return deform_conv_impl(
+        X, W, offset, B, mask, dilations=dilations, group=group, kernel_shape=kernel_shape,
+        offset_group=offset_group, pads=pads, strides=strides,
+    )

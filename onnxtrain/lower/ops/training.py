@@ -1,0 +1,147 @@
+"""ai.onnx.preview.training: Gradient (lowered to JAX autodiff) and the optimizer ops, per their schema docs."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from ...dtypes import is_float
+from ...errors import NodeError
+from ..walker import NodeContext, Scope, run_node
+from ..registry import TRAINING_DOMAIN, op
+from ..values import is_static
+
+
+def differentiated_slice(ctx: NodeContext, sources: set[str], y: str) -> list[int]:
+    """Positions of the nodes before the Gradient node that lie on a path from `sources` to `y`.
+
+    A node that produces one of `sources` is excluded: a source named in xs/zs is an independent variable,
+    fed by the Gradient node's inputs, even if the graph computes it (e.g. xs=["H"] for an intermediate H).
+    """
+    nodes = ctx.siblings[: ctx.position]
+    reached = set(sources)
+    downstream = []
+    for i, node in enumerate(nodes):
+        if any(o in sources for o in node.outputs):
+            continue
+        if any(name in reached for name in node.inputs) or any(name in reached for name in free_names(node)):
+            downstream.append(i)
+            reached.update(o for o in node.outputs if o)
+    needed, result = {y}, []
+    for i in reversed(downstream):
+        node = nodes[i]
+        if any(o in needed for o in node.outputs):
+            result.append(i)
+            needed.update(n for n in node.inputs if n)
+            needed.update(free_names(node))
+    return sorted(result)
+
+
+def free_names(node) -> set[str]:
+    """Outer-scope names a node's subgraphs read (so a dependency through an If/Loop body counts)."""
+    from ...model import Graph
+
+    names: set[str] = set()
+    for value in node.attributes.values():
+        for graph in value if isinstance(value, list) else [value]:
+            if isinstance(graph, Graph):
+                defined = {i.name for i in graph.inputs} | set(graph.initializers)
+                for inner in graph.nodes:
+                    names.update(n for n in inner.inputs if n and n not in defined)
+                    names.update(free_names(inner) - defined)
+                    defined.update(inner.outputs)
+    return names
+
+
+@op("Gradient", 1, domain=TRAINING_DOMAIN)
+def gradient(*inputs, xs: Sequence[str], y: str, zs: Sequence[str] = (), ctx: NodeContext):
+    """d(sum of y)/d(x) for each x in xs, at the values fed to this node. A non-scalar y is summed, which is
+    what a loss of reduction 'sum' means and what the spec's scalar examples reduce to."""
+    xs, zs = list(xs), list(zs)
+    if len(inputs) != len(xs) + len(zs):
+        raise NodeError(f"{ctx.node.label}: takes {len(xs) + len(zs)} inputs (xs then zs), got {len(inputs)}")
+    for name, x in zip(xs, inputs):
+        if not is_float(jnp.result_type(x)):
+            raise NodeError(f"{ctx.node.label}: xs input {name!r} is {jnp.result_type(x)}: a gradient is taken with "
+                            "respect to float tensors only")
+    positions = differentiated_slice(ctx, set(xs) | set(zs), y)
+    if y not in xs and not any(y in ctx.siblings[i].outputs for i in positions):
+        raise NodeError(f"{ctx.node.label}: y={y!r} is not computed from xs={xs} / zs={zs}")
+    z_values = dict(zip(zs, inputs[len(xs):]))
+
+    def y_of(x_values: list):
+        scope = Scope({**dict(zip(xs, x_values)), **z_values}, ctx.scope)
+        for i in positions:
+            run_node(ctx.siblings[i], scope, ctx.trace, ctx.siblings, i)
+        traced = {name: v for name, v in scope.values.items() if name not in xs and not is_static(v)}
+        return jnp.sum(scope[y]), traced
+
+    x_values = [jnp.asarray(x) for x in inputs[: len(xs)]]
+    total, pullback, recomputed = jax.vjp(y_of, x_values, has_aux=True)
+    if all(value is ctx.scope[name] for name, value in zip(xs + zs, inputs) if name in ctx.scope):
+        # Evaluated at the graph's own xs/zs, the re-run forward values equal the ones already computed: use
+        # them from here on, so the first forward pass becomes dead code XLA drops (it cannot merge two copies
+        # of a while loop, e.g. an LSTM, by itself).
+        ctx.scope.values.update(recomputed)
+    return tuple(pullback(jnp.ones_like(total))[0])
+
+
+def split_groups(ctx: NodeContext, tensors: Sequence, groups: int) -> list[tuple]:
+    """Optimizer inputs after R and T come as `groups` blocks of n tensors (X..., G..., ...); zip them."""
+    if len(tensors) % groups:
+        raise NodeError(f"{ctx.node.label}: expects a multiple of {groups} tensors after R and T, got {len(tensors)}")
+    n = len(tensors) // groups
+    return list(zip(*(tensors[k * n : (k + 1) * n] for k in range(groups))))
+
+
+def cast_like(value, like):
+    return jnp.asarray(value).astype(like.dtype)
+
+
+@op("Adagrad", 1, domain=TRAINING_DOMAIN)
+def adagrad(r, t, *tensors, decay_factor: float, epsilon: float, norm_coefficient: float, ctx: NodeContext):
+    lr = r / (1 + t * decay_factor)
+    new_x, new_h = [], []
+    for x, g, h in split_groups(ctx, tensors, 3):
+        g_reg = norm_coefficient * x + g
+        h2 = h + g_reg * g_reg
+        new_x.append(cast_like(x - lr * g_reg / (jnp.sqrt(h2) + epsilon), x))
+        new_h.append(cast_like(h2, h))
+    return tuple(new_x + new_h)
+
+
+@op("Momentum", 1, domain=TRAINING_DOMAIN)
+def momentum(r, t, *tensors, alpha: float, beta: float, mode: str, norm_coefficient: float, ctx: NodeContext):
+    if mode not in ("standard", "nesterov"):
+        raise NodeError(f"{ctx.node.label}: mode must be 'standard' or 'nesterov', got {mode!r}")
+    beta_adjusted = jnp.where(t > 0, beta, 1.0)
+    new_x, new_v = [], []
+    for x, g, v in split_groups(ctx, tensors, 3):
+        g_reg = norm_coefficient * x + g
+        v2 = alpha * v + beta_adjusted * g_reg
+        step = g_reg + alpha * v2 if mode == "nesterov" else v2
+        new_x.append(cast_like(x - r * step, x))
+        new_v.append(cast_like(v2, v))
+    return tuple(new_x + new_v)
+
+
+@op("Adam", 1, domain=TRAINING_DOMAIN)
+def adam(
+    r, t, *tensors, alpha: float, beta: float, epsilon: float, norm_coefficient: float,
+    norm_coefficient_post: float, ctx: NodeContext,
+):
+    t_float = jnp.asarray(t).astype(jnp.asarray(r).dtype)
+    corrected = r * jnp.sqrt(1 - beta**t_float) / (1 - alpha**t_float)
+    lr = jnp.where(t > 0, corrected, r)
+    new_x, new_v, new_h = [], [], []
+    for x, g, v, h in split_groups(ctx, tensors, 4):
+        g_reg = norm_coefficient * x + g
+        v2 = alpha * v + (1 - alpha) * g_reg
+        h2 = beta * h + (1 - beta) * g_reg * g_reg
+        x2 = (1 - norm_coefficient_post) * (x - lr * v2 / (jnp.sqrt(h2) + epsilon))
+        new_x.append(cast_like(x2, x))
+        new_v.append(cast_like(v2, v))
+        new_h.append(cast_like(h2, h))
+    return tuple(new_x + new_v + new_h)
