@@ -262,9 +262,11 @@ class Engine:
                 if first:
                     jax.block_until_ready((state, outputs))
             except jax.errors.JaxRuntimeError as exc:
-                lost = "" if first else "; the state was donated to the step and is lost"
+                # said as it is: whether the buffers went with the step depends on the platform and the failure
+                lost = any(v.is_deleted() for v in self._state.values())
+                fate = "the state was donated to it and is lost" if lost else "the state is as before it"
                 raise StepError(
-                    f"train step {self.step_count + 1} (algorithm {algorithm}) failed while running{lost}: "
+                    f"train step {self.step_count + 1} (algorithm {algorithm}) failed while running ({fate}): "
                     f"{str(exc).splitlines()[0]}"
                 ) from exc
             if signature is not None:

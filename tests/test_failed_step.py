@@ -54,7 +54,8 @@ def test_an_out_of_memory_step_leaves_the_state_and_training_goes_on(tmp_path):
                              out], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.splitlines()[-1])
-    assert report["error"] and "train step 3 (algorithm 0) failed while running" in report["error"]
+    assert report["error"], report
+    assert "train step 3 (algorithm 0) failed while running (the state is as before it)" in report["error"]
     assert "RESOURCE_EXHAUSTED" in report["error"]
     assert report["unchanged"] and report["steps"] == 3
     # the export after the failure holds the state after step 2, as a run without the failed step has it
