@@ -76,7 +76,8 @@ def control_flow() -> onnx.ModelProto:
     body = helper.make_graph(
         [helper.make_node("Mul", ["v", "half"], ["vh"]), helper.make_node("Add", ["vh", "W"], ["v_out"]),
          helper.make_node("Identity", ["c"], ["c_out"])], "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, []),
          helper.make_tensor_value_info("v", TensorProto.FLOAT, ["N", 2])],
         [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), float2[2]])
     graph = helper.make_graph(
@@ -193,12 +194,12 @@ def mutate_external(m, s, rng, folder):
 
 def mutate_name(m, s, rng, folder):
     node = pick(rng, s.nodes)
-    field = node.input if len(node.input) and rng.random() < 0.6 else node.output
-    if not len(field):
+    names = node.input if len(node.input) and rng.random() < 0.6 else node.output
+    if not len(names):
         return "no name to change"
-    i = int(rng.integers(len(field)))
-    old, field[i] = field[i], pick(rng, s.names)
-    return f"{node.op_type} name {old!r} -> {field[i]!r}"
+    i = int(rng.integers(len(names)))
+    old, names[i] = names[i], pick(rng, s.names)
+    return f"{node.op_type} name {old!r} -> {names[i]!r}"
 
 
 def mutate_attribute(m, s, rng, folder):
