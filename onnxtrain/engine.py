@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 
 from .cache import enable_compilation_cache
-from .dtypes import is_float
+from .dtypes import HOST_ONLY_DTYPES, is_float
 from .errors import ModelLoadError, StateError, StepError
 from .feeds import FeedChecker, array_signature
 from .lower.constants import load_time_constants
@@ -51,11 +51,13 @@ def saved_step_count(model: onnx.ModelProto) -> int:
 
 def split_initializers(graph: Graph, state: set[str]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(static, traced) non-state initializers: float weights are traced so they are not baked into the
-    executable; integer/bool/string constants are static so shape arithmetic on them folds."""
+    executable; integer/bool/string constants are static so shape arithmetic on them folds, and so are the float
+    types XLA has no buffer for (HOST_ONLY_DTYPES: their ops compute on the host)."""
     static, traced = {}, {}
     for name, value in graph.initializers.items():
         if name not in state:
-            (traced if is_float(value.dtype) else static)[name] = value
+            device = is_float(value.dtype) and np.dtype(value.dtype) not in HOST_ONLY_DTYPES
+            (traced if device else static)[name] = value
     return static, traced
 
 

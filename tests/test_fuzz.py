@@ -36,9 +36,6 @@ RSS_LIMIT = int(os.environ.get("ONNXTRAIN_FUZZ_RSS_MB", "3072")) * 2**20
 # Outcomes that are known bugs outside the loader, each a reason and a pattern matched against
 # "<outcome>: <mutations> | <exception>". This list must only shrink: delete an entry when its cause is fixed.
 KNOWN_ESCAPES: dict[str, str] = {
-    # engine.py places every float initializer on the device, but XLA has no 6-bit float (dtypes.HOST_ONLY_DTYPES):
-    # an initializer retyped to float6 (seed 2640) fails in jax.device_put. Owner: engine.
-    "float6 initializer sent to XLA": r"Unknown NumPy dtype dtype\(float6",
 }
 
 # ------------------------------------------------------------------ seed models
