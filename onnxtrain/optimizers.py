@@ -12,6 +12,7 @@ so the step count and moments advance once per k calls."""
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -65,6 +66,11 @@ def check_update(optimizer: str, options: dict[str, float], weight_decay: float 
             raise AuthoringError(f"optimizer {optimizer!r} has no option {name!r} (options: {sorted(allowed)})")
         if not is_number(value):
             raise AuthoringError(f"{name} must be a finite number, got {value!r}")
+    if optimizer in ("adam", "adamw"):
+        settings = {**ADAM_DEFAULTS, **options}
+        if not (0 <= settings["alpha"] < 1 and 0 <= settings["beta"] < 1 and settings["epsilon"] >= 0):
+            raise AuthoringError(f"Adam needs 0 <= alpha < 1, 0 <= beta < 1 (torch's betas) and epsilon >= 0, got "
+                                 f"alpha={settings['alpha']}, beta={settings['beta']}, epsilon={settings['epsilon']}")
     if weight_decay is None:
         weight_decay = ADAMW_WEIGHT_DECAY if optimizer == "adamw" else 0.0
     if not (is_number(weight_decay) and weight_decay >= 0):
@@ -80,14 +86,14 @@ def check_update(optimizer: str, options: dict[str, float], weight_decay: float 
         raise AuthoringError(f"no_decay must be a regular expression or a bool, got {no_decay!r}")
     if clip_grad_norm is not None and not (is_number(clip_grad_norm) and clip_grad_norm > 0):
         raise AuthoringError(f"clip_grad_norm must be a finite number > 0, got {clip_grad_norm!r}")
-    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+    if isinstance(accumulate, bool) or not isinstance(accumulate, numbers.Integral) or accumulate < 1:
         raise AuthoringError(f"accumulate must be an integer >= 1 (micro-batches per update), got {accumulate!r}")
-    return Update(optimizer, dict(options), float(weight_decay), no_decay,
-                  None if clip_grad_norm is None else float(clip_grad_norm), accumulate)
+    return Update(optimizer, {k: float(v) for k, v in options.items()}, float(weight_decay), no_decay,
+                  None if clip_grad_norm is None else float(clip_grad_norm), int(accumulate))
 
 
 def is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def decayed(update: Update, params: list[str], weights: dict[str, np.ndarray]) -> list[str]:

@@ -183,6 +183,7 @@ def test_accumulation_equals_one_big_batch():
     ({"optimizer": "momentum", "epsilon": 0.1}, "optimizer 'momentum' has no option 'epsilon'"),
     ({"optimizer": "adam", "alpha": float("nan")}, "alpha must be a finite number"),
     ({"optimizer": "rmsprop"}, "optimizer must be one of"),
+    ({"optimizer": "adamw", "beta": 1.0}, "Adam needs 0 <= alpha < 1, 0 <= beta < 1"),
     ({"optimizer": "adamw", "weight_decay": -1.0}, "weight_decay must be a finite number >= 0"),
     ({"optimizer": "adam", "no_decay": True}, "excludes parameters from a weight decay of 0"),
     ({"optimizer": "adamw", "no_decay": "LayerNorm"}, "no_decay: no trainable parameter's name contains"),
