@@ -30,7 +30,7 @@ The optimizer: ORT's on-device training offers only AdamW and SGD (artifacts.Opt
 is Adam, so it is the closest; it is built as an `onnxblock.optim.AdamW` block rather than the OptimType enum only
 to pass the suite's betas and epsilon explicitly. Its kernel runs in Hugging Face's mode (adam_mode 1, fixed by
 onnxblock), which folds both bias corrections into the learning rate, lr·sqrt(1-beta2^t)/(1-beta1^t)·m/(sqrt(v)+eps):
-the update of the ONNX Adam operator that onnxtrain.make_trainable(optimizer="adam") trains with (PyTorch's Adam
+the update of the ONNX Adam operator (PyTorch's Adam, which onnxtrain.make_trainable(optimizer="adam") writes,
 adds eps to the corrected sqrt(v) instead, the same work per element).
 """
 

@@ -1,6 +1,6 @@
 """Turn an inference model into a training model: a standard TrainingInfoProto with loss nodes, a Gradient
-node, the optimizer as ai.onnx.preview.training ops (or plain ops for SGD), the optimizer state and step count as
-algorithm initializers, and an initialization graph that resets the optimizer (and optionally the weights)."""
+node, the optimizer's update (onnxtrain/optimizers.py) with its state and step count as algorithm initializers,
+and an initialization graph that resets the optimizer (and optionally the weights)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .errors import AuthoringError
 from .lower.registry import TRAINING_DOMAIN
+from .optimizers import LEARNING_RATE, OPTIMIZERS, STEP, add_update, check_update  # noqa: F401 (OPTIMIZERS, STEP: API)
 from .parameters import FLOAT_TYPES, running_statistics, select_trainable  # noqa: F401 (running_statistics: API)
+from .tensor_data import tensor_value
 from .train_mode import add_training_forward
 
 LOSSES = ("mse", "cross_entropy", "bce_logits")
-OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "adam")
-LEARNING_RATE = "learning_rate"  # an algorithm input with a default: feed it to schedule the rate
-STEP = "train.step"
 
 
 @dataclass
@@ -29,19 +28,25 @@ class Builder:
 
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     initializers: list[onnx.TensorProto] = field(default_factory=list)
-    outputs: list[onnx.ValueInfoProto] = field(default_factory=list)
-    updates: list[tuple[str, str]] = field(default_factory=list)
+    updates: list[tuple[str, str, onnx.TypeProto]] = field(default_factory=list)
     init_nodes: list[onnx.NodeProto] = field(default_factory=list)
     init_outputs: list[onnx.ValueInfoProto] = field(default_factory=list)
     init_bindings: list[tuple[str, str]] = field(default_factory=list)
+    made: set[str] = field(default_factory=set)  # the scalars and casts written so far (each once)
 
     def node(self, op_type: str, inputs: list[str], outputs: list[str], domain: str = "", **attrs) -> None:
         self.nodes.append(helper.make_node(op_type, inputs, outputs, domain=domain, **attrs))
 
     def update(self, variable: str, new_value: str, value_type: onnx.TypeProto) -> None:
         """Bind `variable <- new_value`; the value is declared an algorithm output as the spec requires."""
-        self.updates.append((variable, new_value))
-        self.outputs.append(helper.make_value_info(new_value, value_type))
+        self.updates.append((variable, new_value, value_type))
+
+    def gate(self, condition: str, since: int) -> None:
+        """Every update bound since the `since`-th happens only where the bool `condition` holds; otherwise the
+        variable keeps its value (Where, not arithmetic masking: an update that is NaN or Inf stays out)."""
+        for i, (variable, new_value, value_type) in list(enumerate(self.updates))[since:]:
+            self.node("Where", [condition, new_value, variable], [f"{new_value}.gated"])
+            self.updates[i] = (variable, f"{new_value}.gated", value_type)
 
     def state(self, name: str, value: np.ndarray) -> None:
         """An algorithm initializer that the initialization graph resets to `value`."""
@@ -50,6 +55,23 @@ class Builder:
         self.init_nodes.append(helper.make_node("Constant", [], [f"{name}.init"], value=tensor))
         self.init_outputs.append(helper.make_tensor_value_info(f"{name}.init", tensor.data_type, value.shape))
         self.init_bindings.append((name, f"{name}.init"))
+
+    def scalar(self, what: str, value: float, elem: int) -> str:
+        """The name of a 0-d algorithm initializer holding `value` as ONNX type `elem` (one per what and type)."""
+        name = f"train.{what}.{TensorProto.DataType.Name(elem).lower()}"
+        if name not in self.made:
+            self.made.add(name)
+            dtype = helper.tensor_dtype_to_np_dtype(elem)
+            self.initializers.append(numpy_helper.from_array(np.asarray(value, dtype), name))
+        return name
+
+    def cast(self, value: str, elem: int) -> str:
+        """The name of `value` cast to ONNX type `elem` (one Cast per value and type)."""
+        name = f"{value}.{TensorProto.DataType.Name(elem).lower()}"
+        if name not in self.made:
+            self.made.add(name)
+            self.node("Cast", [value], [name], to=elem)
+        return name
 
 
 def tensor_type(graph: onnx.GraphProto, name: str, role: str) -> onnx.TypeProto:
@@ -141,39 +163,6 @@ def add_cross_entropy(b: Builder, prediction: str, shape: list | None, ignore_in
     return [helper.make_tensor_value_info("target", TensorProto.INT64, label_shape)]
 
 
-def add_optimizer(b: Builder, params: list[str], weights: dict[str, np.ndarray], optimizer: str, options: dict):
-    grads = [f"{p}.grad" for p in params]
-    b.node("Gradient", params, grads, domain=TRAINING_DOMAIN, xs=params, y="loss")
-    types = {p: helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(weights[p].dtype), weights[p].shape)
-             for p in params}
-    if optimizer == "sgd":
-        for p, g in zip(params, grads):
-            b.node("Cast", [LEARNING_RATE], [f"{p}.lr"], to=types[p].tensor_type.elem_type)
-            b.node("Mul", [f"{p}.lr", g], [f"{p}.step"])
-            b.node("Sub", [p, f"{p}.step"], [f"{p}.next"])
-            b.update(p, f"{p}.next", types[p])
-        return
-    slots = {"adam": ("adam_v", "adam_h"), "adagrad": ("adagrad_h",), "momentum": ("momentum_v",),
-             "nesterov": ("momentum_v",)}[optimizer]
-    op_type = {"adam": "Adam", "adagrad": "Adagrad", "momentum": "Momentum", "nesterov": "Momentum"}[optimizer]
-    if op_type == "Momentum":
-        options = {"alpha": 0.9, "beta": 1.0, "norm_coefficient": 0.0, **options}
-        options["mode"] = "nesterov" if optimizer == "nesterov" else "standard"
-    slot_names = [[f"{p}.{s}" for p in params] for s in slots]
-    for names in slot_names:
-        for p, name in zip(params, names):
-            b.state(name, np.zeros_like(weights[p]))
-    flat_slots = [n for names in slot_names for n in names]
-    new_params, new_slots = [f"{p}.next" for p in params], [f"{n}.next" for n in flat_slots]
-    b.node(op_type, [LEARNING_RATE, STEP] + params + grads + flat_slots, new_params + new_slots,
-           domain=TRAINING_DOMAIN, **options)
-    for p, new in zip(params, new_params):
-        b.update(p, new, types[p])
-    for names in slot_names:
-        for p, name in zip(params, names):
-            b.update(name, f"{name}.next", types[p])
-
-
 def make_trainable(
     model: onnx.ModelProto,
     loss: str = "mse",
@@ -185,6 +174,10 @@ def make_trainable(
     class_axis: int | None = None,
     reinitialize: bool = False,
     train_mode: bool = False,
+    weight_decay: float | None = None,
+    no_decay: str | bool = False,
+    clip_grad_norm: float | None = None,
+    accumulate: int = 1,
     **optimizer_options: float,
 ) -> onnx.ModelProto:
     """A copy of `model` carrying one TrainingInfoProto that trains `trainable` on `loss` between `prediction`
@@ -199,12 +192,20 @@ def make_trainable(
     `class_axis` where the scores hold the classes, default 1 as in PyTorch, -1 for [batch, seq, vocab] logits;
     `ignore_index` labels, e.g. Hugging Face's -100, count in neither sum nor mean) or "output:NAME" (a model
     output that is already the loss). The rate is the algorithm input `learning_rate`, whose initializer is the
-    default: feed it to schedule. `optimizer_options` are the optimizer op's attributes (alpha, beta, epsilon,
-    norm_coefficient...). `train_mode=True` trains as PyTorch's `module.train()`: batch statistics and
-    running-statistics updates in BatchNormalization, Dropout dropping, while the inference graph stays in eval
-    mode (onnxtrain/train_mode.py)."""
-    if optimizer not in OPTIMIZERS:
-        raise AuthoringError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    default: feed it to schedule.
+
+    The update is torch.optim's, to float rounding (onnxtrain/optimizers.py): `optimizer` "sgd", "momentum",
+    "nesterov", "adagrad", "adam" (torch.optim.Adam) or "adamw" (torch.optim.AdamW); `optimizer_options` are
+    named as the ai.onnx.preview.training op's attributes (Adam: alpha = beta1, beta = beta2, epsilon; torch's
+    defaults 0.9, 0.999, 1e-8). `weight_decay`: torch's (L2 added to the gradient; decoupled for "adamw", whose
+    default is 0.01). `no_decay`: parameters left undecayed, a regular expression searched in their names
+    (Hugging Face's r"bias|LayerNorm\\.weight") or True for every parameter of rank <= 1 (biases and norm
+    weights). `clip_grad_norm`: torch.nn.utils.clip_grad_norm_'s max_norm. `accumulate=k`: one update per k
+    train steps from the mean of their gradients, as a big batch of those k (equal-sized) micro-batches; the
+    rate fed with the k-th is the one used. `train_mode=True` trains as PyTorch's `module.train()`: batch
+    statistics and running-statistics updates in BatchNormalization, Dropout dropping, while the inference graph
+    stays in eval mode (onnxtrain/train_mode.py)."""
+    update = check_update(optimizer, dict(optimizer_options), weight_decay, no_decay, clip_grad_norm, accumulate)
     if not (isinstance(learning_rate, (int, float)) and math.isfinite(learning_rate) and learning_rate >= 0):
         raise AuthoringError(f"learning_rate must be a finite number >= 0, got {learning_rate!r}")
     result = onnx.ModelProto()
@@ -216,25 +217,20 @@ def make_trainable(
         prediction, loss = add_training_forward(b, result, prediction, loss)
     inputs = add_loss(b, graph, loss, prediction, ignore_index, class_axis)
     params = select_trainable(result, trainable)
-    weights = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    add_optimizer(b, params, weights, optimizer, dict(optimizer_options))
+    weights = {t.name: tensor_value(t) for t in graph.initializer}
     b.initializers.append(numpy_helper.from_array(np.asarray(learning_rate, np.float32), LEARNING_RATE))
     inputs.append(helper.make_tensor_value_info(LEARNING_RATE, TensorProto.FLOAT, []))
-    if optimizer != "sgd":
-        b.state(STEP, np.asarray(0, np.int64))
-        b.initializers.append(numpy_helper.from_array(np.asarray(1, np.int64), "train.one"))
-        b.node("Add", [STEP, "train.one"], [f"{STEP}.next"])
-        b.update(STEP, f"{STEP}.next", helper.make_tensor_type_proto(TensorProto.INT64, []))
+    add_update(b, params, weights, update)
     if reinitialize:
         reinitialize_weights(b, params, weights)
+    outputs = [helper.make_value_info(value, value_type) for _, value, value_type in b.updates]
     algorithm = helper.make_graph(
-        b.nodes, "train_step", inputs, [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])] + b.outputs,
+        b.nodes, "train_step", inputs, [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])] + outputs,
         b.initializers,
     )
     initialization = helper.make_graph(b.init_nodes, "initialize", [], b.init_outputs) if b.init_nodes else None
-    result.training_info.append(
-        helper.make_training_info(algorithm, b.updates, initialization, b.init_bindings or None)
-    )
+    result.training_info.append(helper.make_training_info(
+        algorithm, [(variable, value) for variable, value, _ in b.updates], initialization, b.init_bindings or None))
     if not any(o.domain == TRAINING_DOMAIN for o in result.opset_import):
         result.opset_import.append(helper.make_opsetid(TRAINING_DOMAIN, 1))
     result.ir_version = max(result.ir_version, 7)

@@ -138,7 +138,8 @@ def cmd_make_trainable(args: argparse.Namespace) -> None:
     trainable = make_trainable(model, loss=args.loss, optimizer=args.optimizer, learning_rate=args.lr,
                                trainable=args.trainable, prediction=args.prediction, ignore_index=args.ignore_index,
                                class_axis=args.class_axis, reinitialize=args.reinitialize,
-                               train_mode=args.train_mode, **options)
+                               train_mode=args.train_mode, weight_decay=args.weight_decay, no_decay=args.no_decay,
+                               clip_grad_norm=args.clip_grad_norm, accumulate=args.accumulate, **options)
     save_atomic(trainable, Path(args.output))
     print(f"wrote {args.output}: loss {args.loss}, optimizer {args.optimizer}, learning rate {args.lr}")
 
@@ -188,7 +189,7 @@ def parser() -> argparse.ArgumentParser:
     author = sub.add_parser("make-trainable", help="add a TrainingInfoProto (loss, Gradient, optimizer)")
     author.add_argument("model")
     author.add_argument("--loss", default="mse", help="mse, cross_entropy, bce_logits or output:NAME")
-    author.add_argument("--optimizer", default="adam", help="sgd, momentum, nesterov, adagrad or adam")
+    author.add_argument("--optimizer", default="adam", help="sgd, momentum, nesterov, adagrad, adam or adamw")
     author.add_argument("--lr", type=float, default=1e-3)
     author.add_argument("--trainable", help="regular expression over the parameters' names (default: every "
                         "parameter, i.e. float initializers but the exporter's constants)")
@@ -199,6 +200,13 @@ def parser() -> argparse.ArgumentParser:
     author.add_argument("--alpha", type=float)
     author.add_argument("--beta", type=float)
     author.add_argument("--epsilon", type=float)
+    author.add_argument("--weight-decay", type=float, help="torch.optim's weight_decay (adamw: decoupled, "
+                        "default 0.01; others: L2, default 0)")
+    author.add_argument("--no-decay", nargs="?", const=True, default=False, metavar="PATTERN",
+                        help="exempt from weight decay: parameters whose names contain a match of PATTERN, or "
+                        "without PATTERN every parameter of rank <= 1 (biases, norm weights)")
+    author.add_argument("--clip-grad-norm", type=float, metavar="MAX_NORM", help="clip gradients by global norm")
+    author.add_argument("--accumulate", type=int, default=1, metavar="K", help="one update per K micro-batches")
     author.add_argument("--reinitialize", action="store_true", help="initialization graph re-draws weights")
     author.add_argument("--train-mode", action="store_true", help="train as PyTorch's module.train(): "
                         "BatchNorm on batch statistics, running statistics updated, Dropout dropping")

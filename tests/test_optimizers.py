@@ -1,0 +1,208 @@
+"""make_trainable's optimizers against PyTorch loops: torch.optim.Adam, AdamW (with and without no-decay groups),
+SGD with momentum and weight decay, torch.nn.utils.clip_grad_norm_, and gradient accumulation against one big
+batch. The model is a small MLP with a LayerNorm, written with onnx.helper under the torch module's parameter
+names and holding its weights (what torch.onnx.export(..., dynamo=True, optimize=False) keeps, without its cost)."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxtrain
+from onnxtrain.errors import AuthoringError
+
+torch = pytest.importorskip("torch")
+
+LR = 0.01
+STEPS = 5
+BATCH = 8
+# Adam moves every weight by about LR per step whatever its gradient, so a weight passing near 0 has no
+# meaningful relative error: float32 rounding of those moves shows as ~1e-8 absolute (measured: at most 6e-8)
+ATOL = 1e-5 * LR
+
+
+def module() -> "torch.nn.Module":
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.LayerNorm(16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 3))
+
+
+def onnx_model(m: "torch.nn.Module") -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("Gemm", ["X", "0.weight", "0.bias"], ["h0"], transB=1),
+        helper.make_node("LayerNormalization", ["h0", "1.weight", "1.bias"], ["h1"], axis=-1, epsilon=1e-5),
+        helper.make_node("Tanh", ["h1"], ["h2"]),
+        helper.make_node("Gemm", ["h2", "3.weight", "3.bias"], ["Y"], transB=1),
+    ]
+    weights = [numpy_helper.from_array(p.detach().numpy().copy(), n) for n, p in m.named_parameters()]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 6])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 3])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def batches(count: int, rows: int = BATCH) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(1)
+    return [(rng.normal(size=(rows, 6)).astype(np.float32), rng.normal(size=(rows, 3)).astype(np.float32))
+            for _ in range(count)]
+
+
+def train_onnxtrain(data, rates=None, **options) -> tuple[list[float], dict[str, np.ndarray], onnxtrain.Engine]:
+    model = onnxtrain.make_trainable(onnx_model(module()), loss="mse", learning_rate=LR, **options)
+    onnx.checker.check_model(model)
+    engine = onnxtrain.load(model)
+    losses = []
+    for i, (x, t) in enumerate(data):
+        feeds = {"X": x, "target": t} if rates is None else {"X": x, "target": t, "learning_rate": rates[i]}
+        losses.append(float(engine.train_step(feeds)["loss"]))
+    return losses, {n: np.asarray(v) for n, v in engine.state.items()}, engine
+
+
+def train_torch(data, make_optimizer, max_norm: float | None = None) -> tuple[list[float], dict, list[float]]:
+    """Each step: loss, backward, clip_grad_norm_ if asked, optimizer step; returns the losses, the final
+    parameters and the total gradient norms clip_grad_norm_ saw."""
+    m = module()
+    optimizer = make_optimizer(m)
+    losses, norms = [], []
+    for x, t in data:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(m(torch.from_numpy(x)), torch.from_numpy(t))
+        loss.backward()
+        if max_norm is not None:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(m.parameters(), max_norm)))
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, {n: p.detach().numpy() for n, p in m.named_parameters()}, norms
+
+
+def groups(m: "torch.nn.Module", exempt, weight_decay: float) -> list[dict]:
+    """torch's parameter groups as Hugging Face's Trainer builds them: decayed, and exempt from decay."""
+    named = list(m.named_parameters())
+    return [{"params": [p for n, p in named if not exempt(n, p)], "weight_decay": weight_decay},
+            {"params": [p for n, p in named if exempt(n, p)], "weight_decay": 0.0}]
+
+
+def assert_same_training(ours, theirs) -> None:
+    np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-5)
+    for name, value in theirs[1].items():
+        np.testing.assert_allclose(ours[1][name], value, rtol=1e-5, atol=ATOL, err_msg=name)
+
+
+def rank_at_most_1(name, p) -> bool:
+    return p.ndim <= 1
+
+
+def bias_or_norm(name, p) -> bool:  # Hugging Face's rule, by name: "1." is the LayerNorm
+    return "bias" in name or name.startswith("1.")
+
+
+CASES = {
+    "adam": ({"optimizer": "adam"}, lambda m: torch.optim.Adam(m.parameters(), lr=LR)),
+    "adam_betas_eps": ({"optimizer": "adam", "alpha": 0.8, "beta": 0.99, "epsilon": 1e-6},
+                       lambda m: torch.optim.Adam(m.parameters(), lr=LR, betas=(0.8, 0.99), eps=1e-6)),
+    "adam_l2_no_decay": ({"optimizer": "adam", "weight_decay": 0.5, "no_decay": True},
+                         lambda m: torch.optim.Adam(groups(m, rank_at_most_1, 0.5), lr=LR)),
+    "adamw_default": ({"optimizer": "adamw"}, lambda m: torch.optim.AdamW(m.parameters(), lr=LR)),
+    "adamw_no_decay_rank": ({"optimizer": "adamw", "weight_decay": 2.0, "no_decay": True},
+                            lambda m: torch.optim.AdamW(groups(m, rank_at_most_1, 2.0), lr=LR)),
+    "adamw_no_decay_names": ({"optimizer": "adamw", "weight_decay": 2.0, "no_decay": r"bias|^1\."},
+                             lambda m: torch.optim.AdamW(groups(m, bias_or_norm, 2.0), lr=LR)),
+    "momentum_l2": ({"optimizer": "momentum", "weight_decay": 0.5, "no_decay": "bias"},
+                    lambda m: torch.optim.SGD(groups(m, lambda n, p: "bias" in n, 0.5), lr=LR, momentum=0.9)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_optimizer_matches_torch(case):
+    options, make_optimizer = CASES[case]
+    data = batches(STEPS)
+    assert_same_training(train_onnxtrain(data, **options), train_torch(data, make_optimizer))
+
+
+def test_adam_first_step_is_torchs():
+    """torch's first Adam step moves every weight by lr * sign(grad) (bias-corrected moments); ONNX's Adam op fed
+    T = 0 skips the correction and moved it by ~3.16 lr (sqrt(1 - 0.999) / (1 - 0.9) is not applied)."""
+    data = batches(1)
+    before = {n: p.detach().numpy().copy() for n, p in module().named_parameters()}
+    _, after, _ = train_onnxtrain(data, optimizer="adam")
+    move = np.abs(after["3.weight"] - before["3.weight"])
+    np.testing.assert_allclose(move, LR, rtol=1e-3)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_clip_grad_norm_matches_torch(optimizer):
+    data = batches(STEPS)
+    max_norm = 1.5
+    make = {"adamw": lambda m: torch.optim.AdamW(m.parameters(), lr=LR),
+            "sgd": lambda m: torch.optim.SGD(m.parameters(), lr=LR)}[optimizer]
+    theirs = train_torch(data, make, max_norm=max_norm)
+    assert max(theirs[2]) > max_norm > min(theirs[2]), theirs[2]  # some steps clip, some do not
+    assert_same_training(train_onnxtrain(data, optimizer=optimizer, clip_grad_norm=max_norm), theirs)
+
+
+def test_accumulation_equals_one_big_batch():
+    """accumulate=2 over micro-batches of 4 rows == torch on the batches of 8 they make (AdamW with no-decay
+    groups, clipping, and a learning-rate schedule). Only the rate fed with an update's last micro-batch counts,
+    so the first micro-batch gets a rate that would wreck training if it were used."""
+    k, max_norm = 2, 0.5
+    big = batches(STEPS)
+    micro = [(x[i * 4:(i + 1) * 4], t[i * 4:(i + 1) * 4]) for x, t in big for i in range(k)]
+    schedule = [LR * (1 - u / STEPS) for u in range(STEPS)]
+    rates = [np.float32(schedule[i // k]) if i % k == k - 1 else np.float32(100.0) for i in range(len(micro))]
+
+    m = module()
+    optimizer = torch.optim.AdamW(groups(m, rank_at_most_1, 1.0), lr=LR)
+    expected_losses = []
+    for u, (x, t) in enumerate(big):
+        for group in optimizer.param_groups:
+            group["lr"] = schedule[u]
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(m(torch.from_numpy(x)), torch.from_numpy(t))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), max_norm)
+        optimizer.step()
+        expected_losses.append(loss.item())
+    losses, state, engine = train_onnxtrain(micro, rates=rates, optimizer="adamw", weight_decay=1.0, no_decay=True,
+                                            clip_grad_norm=max_norm, accumulate=k)
+    mean_losses = np.mean(np.reshape(losses, (STEPS, k)), axis=1)  # the big batch's mean loss
+    assert_same_training((mean_losses, state), (expected_losses, {n: p.detach().numpy()
+                                                                  for n, p in m.named_parameters()}))
+    assert int(state["train.step"]) == STEPS  # Adam's step count advanced once per update
+    engine.train_step({"X": micro[0][0], "target": micro[0][1], "learning_rate": np.float32(100.0)})
+    for name in ("0.weight", "3.bias"):  # a first micro-batch only accumulates
+        np.testing.assert_array_equal(np.asarray(engine.state[name]), state[name])
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"optimizer": "adam", "norm_coefficient": 0.1}, "norm_coefficient: use weight_decay="),
+    ({"optimizer": "momentum", "epsilon": 0.1}, "optimizer 'momentum' has no option 'epsilon'"),
+    ({"optimizer": "adam", "alpha": float("nan")}, "alpha must be a finite number"),
+    ({"optimizer": "rmsprop"}, "optimizer must be one of"),
+    ({"optimizer": "adamw", "beta": 1.0}, "Adam needs 0 <= alpha < 1, 0 <= beta < 1"),
+    ({"optimizer": "adamw", "weight_decay": -1.0}, "weight_decay must be a finite number >= 0"),
+    ({"optimizer": "adam", "no_decay": True}, "excludes parameters from a weight decay of 0"),
+    ({"optimizer": "adamw", "no_decay": "LayerNorm"}, "no_decay: no trainable parameter's name contains"),
+    ({"optimizer": "adamw", "no_decay": "("}, "is not a regular expression"),
+    ({"optimizer": "adam", "clip_grad_norm": 0.0}, "clip_grad_norm must be a finite number > 0"),
+    ({"optimizer": "adam", "accumulate": 0}, "accumulate must be an integer >= 1"),
+    ({"optimizer": "adam", "accumulate": 2.0}, "accumulate must be an integer >= 1"),
+])
+def test_bad_optimizer_options_are_refused(options, message):
+    with pytest.raises(AuthoringError, match=message.replace("(", r"\(")):
+        onnxtrain.make_trainable(onnx_model(module()), **options)
+
+
+def test_cli_passes_the_optimizer_options(tmp_path):
+    onnx.save(onnx_model(module()), tmp_path / "mlp.onnx")
+    result = subprocess.run([sys.executable, "-m", "onnxtrain.cli", "make-trainable", tmp_path / "mlp.onnx",
+                             "--optimizer", "adamw", "--weight-decay", "0.5", "--no-decay", "--clip-grad-norm", "1",
+                             "--accumulate", "3", "-o", tmp_path / "out.onnx"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    expected = onnxtrain.make_trainable(onnx_model(module()), optimizer="adamw", weight_decay=0.5, no_decay=True,
+                                        clip_grad_norm=1.0, accumulate=3)
+    assert onnx.load(tmp_path / "out.onnx").training_info[0] == expected.training_info[0]
