@@ -6,8 +6,8 @@ Each stage is the torch function of the same name, to float rounding: torch.nn.u
 `weight_decay` of torch.optim (coupled L2 on the gradient; decoupled for AdamW), torch.optim.SGD / Adagrad (the
 ai.onnx.preview.training ops, whose step counts start at 0 as torch's do) and torch.optim.Adam / AdamW, written
 in plain ops: ONNX's Adam op adds epsilon to sqrt(H) before the bias correction of H, torch after it, and no
-attribute can move it (docs/semantics.md). With accumulation, every optimizer state update is gated on the k-th micro-batch,
-so the step count and moments advance once per k calls."""
+attribute can move it (docs/semantics.md). With accumulation, every optimizer state update is gated on the k-th
+micro-batch, so the step count and moments advance once per k calls."""
 
 from __future__ import annotations
 
