@@ -44,6 +44,7 @@ ELEMENTWISE_OPS = {
 MASK_MAGNITUDE = 1e30  # attention masks fill with -inf or float32's lowest (-3.4e38); no weight gets near
 # Ops that apply a folded additive attention mask to attention scores
 MASK_OPS = {"Add", "Where"}
+FUSION_RULE = "FuseBatchNormIntoConv"  # onnxscript's rewriter rule, named in the metadata of the node it made
 
 
 class ParameterizationWarning(UserWarning):
@@ -185,16 +186,18 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> No
 
 
 def folded_batchnorm(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:
-    """Chosen Conv weights whose Conv carries a BatchNorm folded in at export, told by the names the exporters
-    give the computed tensors: the dynamo optimizer keeps the Conv weight's name for the fused kernel and names
-    the new bias `<weight>_bias`; TorchScript's constant folding names computed initializers after their reader
-    (`onnx::Conv_N`), where a Conv's own parameters keep their module names."""
+    """Chosen Conv weights whose Conv carries a BatchNorm folded in at export. The dynamo optimizer's rewriter
+    records its rule in the fused node's metadata (FUSION_RULE) and, for a Conv without a bias of its own, names
+    the new bias `<weight>_bias` (the fused kernel keeps the weight's name); TorchScript's constant folding names
+    computed initializers after their reader (`onnx::Conv_N`), where a Conv's own parameters keep their names."""
     folded = []
     for node in graph.node:
-        if node.op_type != "Conv" or len(node.input) < 3 or node.input[1] not in chosen:
+        if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in chosen:
             continue
-        weight, bias = node.input[1], node.input[2]
-        if bias == f"{weight}_bias" or (weight.startswith("onnx::Conv_") and bias.startswith("onnx::Conv_")):
+        weight, bias = node.input[1], node.input[2] if len(node.input) > 2 else ""
+        rules = {p.value for p in node.metadata_props if p.key == "pkg.onnxscript.rewriter.rule_name"}
+        if FUSION_RULE in rules or bias == f"{weight}_bias" or (
+                weight.startswith("onnx::Conv_") and bias.startswith("onnx::Conv_")):
             folded.append(weight)
     return folded
 

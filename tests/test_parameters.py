@@ -73,18 +73,22 @@ def test_zero_initialized_weights_of_products_stay_parameters(op, weight_shape):
     assert default_set(model) == ["Z"]
 
 
-def conv(weight: str, bias: str) -> onnx.ModelProto:
+def conv(weight: str, bias: str, rule: str | None = None) -> onnx.ModelProto:
     rng = np.random.default_rng(2)
     node = helper.make_node("Conv", ["X", weight, bias], ["Y"], pads=[1, 1, 1, 1])
+    if rule:  # what the dynamo optimizer's rewriter records on the node it made
+        helper.set_metadata_props(node, {"pkg.onnxscript.rewriter.rule_name": rule})
     return model_of([node], {"X": [1, 3, 8, 8]}, {weight: rng.normal(size=(4, 3, 3, 3)), bias: rng.normal(size=4)})
 
 
-@pytest.mark.parametrize("weight, bias", [("stem.0.weight", "stem.0.weight_bias"),  # dynamo's optimizer
-                                          ("onnx::Conv_62", "onnx::Conv_63")])  # TorchScript's constant folding
-def test_a_batchnorm_folded_into_a_conv_is_warned_about(weight, bias):
+@pytest.mark.parametrize("weight, bias, rule", [
+    ("stem.0.weight", "stem.0.weight_bias", None),  # dynamo's optimizer, a Conv without a bias
+    ("stem.0.weight", "stem.0.bias", "FuseBatchNormIntoConv"),  # dynamo's optimizer, a Conv with its own bias
+    ("onnx::Conv_62", "onnx::Conv_63", None)])  # TorchScript's constant folding
+def test_a_batchnorm_folded_into_a_conv_is_warned_about(weight, bias, rule):
     with pytest.warns(onnxtrain.ParameterizationWarning, match=f"{weight} .*BatchNorm folded into Conv"):
-        assert select_trainable(conv(weight, bias), None) == [weight, bias]
+        assert select_trainable(conv(weight, bias, rule), None) == [weight, bias]
 
 
 def test_a_conv_with_its_own_parameters_is_not_warned_about():
-    assert default_set(conv("stem.0.weight", "stem.0.bias")) == ["stem.0.weight", "stem.0.bias"]
+    assert default_set(conv("stem.0.weight", "stem.0.bias", "SomeOtherRule")) == ["stem.0.weight", "stem.0.bias"]
