@@ -32,6 +32,8 @@ CONSTANT_INPUTS = {
     ("Dropout", 1),  # the ratio
     ("Resize", 1), ("Resize", 2), ("Upsample", 1),  # region of interest, scales
     ("Range", 0), ("Range", 1), ("Range", 2),
+    # a recurrence's initial state: PyTorch's default is zeros it never trains (dynamo lifts them to a val_N)
+    ("LSTM", 5), ("LSTM", 6), ("GRU", 5), ("RNN", 5),
 }
 # Ops whose 0-d float operand is a lifted constant (a scale, a shift, a fill value), not a parameter. A 0-d
 # parameter usually reaches another op first (a logit scale: Exp); a one-element bias (Linear(n, 1)) is 1-d
@@ -40,6 +42,9 @@ ELEMENTWISE_OPS = {
     "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
 }
 MASK_MAGNITUDE = 1e30  # attention masks fill with -inf or float32's lowest (-3.4e38); no weight gets near
+# Ops that apply a folded additive attention mask to attention scores
+MASK_OPS = {"Add", "Where"}
+FUSION_RULE = "FuseBatchNormIntoConv"  # onnxscript's rewriter rule, named in the metadata of the node it made
 
 
 class ParameterizationWarning(UserWarning):
@@ -80,7 +85,20 @@ def constant_reason(value: np.ndarray, used: list[Use]) -> str | None:
         return "a 0-d operand of elementwise arithmetic"
     if value.size and not np.all(np.abs(value.astype(np.float64)) < MASK_MAGNITUDE):
         return "holds infinite or mask-fill values"
+    if folded_mask(value, used):
+        return "a uniform batch-shaped operand of Add/Where (a folded attention mask)"
     return None
+
+
+def folded_mask(value: np.ndarray, used: list[Use]) -> bool:
+    """An all-equal tensor of rank >= 3 with a leading (batch) axis > 1, read only by Add/Where: the dynamo
+    exporter folds an all-visible attention mask into such a [batch, 1, query, key] tensor of zeros. A parameter
+    broadcasts over the batch (leading axis 1: a zero-initialized position embedding [1, n, d] stays a
+    parameter), and zero-initialized weights of matrix products (LoRA B, a zero Conv) are read by MatMul/Conv.
+    A batch-1 export's mask [1, 1, q, k] therefore stays trainable (warned about as merged when several layers
+    read it)."""
+    return (value.ndim >= 3 and value.shape[0] > 1 and value.size > 0 and bool(used)
+            and all(op in MASK_OPS for op, _ in used) and bool(np.all(value == value.flat[0])))
 
 
 def constants(model: onnx.ModelProto) -> dict[str, str]:
@@ -157,6 +175,31 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> No
             f"parameter into a constant (token-type embeddings); each copy would train on its own, where the "
             f"source model sums their gradients. Export with torch.onnx.export(..., dynamo=True, optimize=False)"),
             stacklevel=4)
+    folded = folded_batchnorm(model.graph, set(chosen))
+    if folded:
+        warnings.warn(ParameterizationWarning(
+            f"{', '.join(folded[:6])}{' ...' if len(folded) > 6 else ''} ({len(folded)} Conv weights): BatchNorm "
+            f"folded into Conv by the exporter: the BatchNorm's scale and shift are gone and the fused kernel "
+            f"W*gamma/sqrt(var+eps) and bias would train instead, another parameterisation. Export with "
+            f"torch.onnx.export(..., dynamo=True, optimize=False) (or dynamo=False, do_constant_folding=False)"),
+            stacklevel=4)
+
+
+def folded_batchnorm(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:
+    """Chosen Conv weights whose Conv carries a BatchNorm folded in at export. The dynamo optimizer's rewriter
+    records its rule in the fused node's metadata (FUSION_RULE) and, for a Conv without a bias of its own, names
+    the new bias `<weight>_bias` (the fused kernel keeps the weight's name); TorchScript's constant folding names
+    computed initializers after their reader (`onnx::Conv_N`), where a Conv's own parameters keep their names."""
+    folded = []
+    for node in graph.node:
+        if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in chosen:
+            continue
+        weight, bias = node.input[1], node.input[2] if len(node.input) > 2 else ""
+        rules = {p.value for p in node.metadata_props if p.key == "pkg.onnxscript.rewriter.rule_name"}
+        if FUSION_RULE in rules or bias == f"{weight}_bias" or (
+                weight.startswith("onnx::Conv_") and bias.startswith("onnx::Conv_")):
+            folded.append(weight)
+    return folded
 
 
 def untied_copies(arrays: dict[str, np.ndarray]) -> list[tuple[str, str, str]]:

@@ -1,0 +1,94 @@
+"""make_trainable's default trainable set (onnxtrain/parameters.py) on graphs shaped like the exporters' output:
+an RNN's lifted initial state and a folded attention mask are settings, zero-initialized weights stay parameters,
+and a BatchNorm folded into a Conv is warned about. tests/test_zoo.py checks the same on real exports."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxtrain
+from onnxtrain.parameters import select_trainable
+
+
+def model_of(nodes: list[onnx.NodeProto], inputs: dict[str, list[int]], initializers: dict[str, np.ndarray],
+             output: str = "Y") -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(a.astype(np.float32), n) for n, a in initializers.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def default_set(model: onnx.ModelProto) -> list[str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", onnxtrain.ParameterizationWarning)
+        return select_trainable(model, None)
+
+
+@pytest.mark.parametrize("op, gates, states", [("LSTM", 4, ["h0", "c0"]), ("GRU", 3, ["h0"]), ("RNN", 1, ["h0"])])
+def test_a_recurrence_initial_state_is_a_setting(op, gates, states):
+    """dynamo lifts PyTorch's zero initial state (h0 and c0 share one val_N) into an initializer; PyTorch never
+    trains it, so it is no parameter, whatever its values."""
+    rng = np.random.default_rng(0)
+    hidden = 4
+    weights = {"W": rng.normal(size=(1, gates * hidden, 3)), "R": rng.normal(size=(1, gates * hidden, hidden)),
+               "B": rng.normal(size=(1, 2 * gates * hidden))}
+    state = {"h0": rng.normal(size=(1, 2, hidden)), "c0": rng.normal(size=(1, 2, hidden))}
+    node = helper.make_node(op, ["X", "W", "R", "B", "", *states], ["", "Y"], hidden_size=hidden)
+    model = model_of([node], {"X": [5, 2, 3]}, {**weights, **{s: state[s] for s in states}})
+    assert default_set(model) == ["W", "R", "B"]
+
+
+def additive(shape: tuple[int, ...], value: float = 0.0) -> onnx.ModelProto:
+    """Y = MatMul(Add(X, A), M) with A an all-`value` initializer of `shape` and M a random matrix."""
+    nodes = [helper.make_node("Add", ["X", "A"], ["S"]), helper.make_node("MatMul", ["S", "M"], ["Y"])]
+    return model_of(nodes, {"X": [2, 1, 8, 8]}, {"A": np.full(shape, value),
+                                                 "M": np.random.default_rng(1).normal(size=(8, 8))})
+
+
+def test_a_folded_attention_mask_is_a_setting():
+    """dynamo folds an all-visible attention mask into a [batch, 1, query, key] tensor of zeros added to the
+    scores (BERT's, ViT's): a constant of the export's batch, not a parameter."""
+    assert default_set(additive((2, 1, 8, 8))) == ["M"]
+    assert default_set(additive((2, 1, 8, 8), -1.0)) == ["M"]
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 8), (1, 1, 8, 8), (8, 8), (8,)])
+def test_a_zero_initialized_parameter_added_to_activations_stays_a_parameter(shape):
+    """A position embedding [1, n, d] or bias broadcasts over the batch (leading axis 1) or has rank < 3: a
+    freshly zero-initialized one is still trained."""
+    assert default_set(additive(shape)) == ["A", "M"]
+
+
+@pytest.mark.parametrize("op, weight_shape", [("MatMul", (2, 8, 8)), ("Conv", (2, 1, 3, 3))])
+def test_zero_initialized_weights_of_products_stay_parameters(op, weight_shape):
+    """LoRA's B and a zero-initialized Conv are all zeros of rank >= 3 too, but read by a product, not added."""
+    node = helper.make_node(op, ["X", "Z"], ["Y"], **({"pads": [1, 1, 1, 1]} if op == "Conv" else {}))
+    model = model_of([node], {"X": [2, 1, 8, 8]}, {"Z": np.zeros(weight_shape)})
+    assert default_set(model) == ["Z"]
+
+
+def conv(weight: str, bias: str, rule: str | None = None) -> onnx.ModelProto:
+    rng = np.random.default_rng(2)
+    node = helper.make_node("Conv", ["X", weight, bias], ["Y"], pads=[1, 1, 1, 1])
+    if rule:  # what the dynamo optimizer's rewriter records on the node it made
+        helper.set_metadata_props(node, {"pkg.onnxscript.rewriter.rule_name": rule})
+    return model_of([node], {"X": [1, 3, 8, 8]}, {weight: rng.normal(size=(4, 3, 3, 3)), bias: rng.normal(size=4)})
+
+
+@pytest.mark.parametrize("weight, bias, rule", [
+    ("stem.0.weight", "stem.0.weight_bias", None),  # dynamo's optimizer, a Conv without a bias
+    ("stem.0.weight", "stem.0.bias", "FuseBatchNormIntoConv"),  # dynamo's optimizer, a Conv with its own bias
+    ("onnx::Conv_62", "onnx::Conv_63", None)])  # TorchScript's constant folding
+def test_a_batchnorm_folded_into_a_conv_is_warned_about(weight, bias, rule):
+    with pytest.warns(onnxtrain.ParameterizationWarning, match=f"{weight} .*BatchNorm folded into Conv"):
+        assert select_trainable(conv(weight, bias, rule), None) == [weight, bias]
+
+
+def test_a_conv_with_its_own_parameters_is_not_warned_about():
+    assert default_set(conv("stem.0.weight", "stem.0.bias", "SomeOtherRule")) == ["stem.0.weight", "stem.0.bias"]
