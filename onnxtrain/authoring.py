@@ -15,7 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 from .errors import AuthoringError
 from .lower.registry import TRAINING_DOMAIN
 from .optimizers import LEARNING_RATE, OPTIMIZERS, STEP, add_update, check_update  # noqa: F401 (OPTIMIZERS, STEP: API)
-from .parameters import FLOAT_TYPES, running_statistics, select_trainable  # noqa: F401 (running_statistics: API)
+from .dtypes import TRAINING_FLOAT_TYPES
+from .parameters import running_statistics, select_trainable  # noqa: F401 (running_statistics: API)
 from .tensor_data import tensor_value
 from .train_mode import add_training_forward
 
@@ -86,7 +87,7 @@ def float_tensor(graph: onnx.GraphProto, name: str, role: str) -> onnx.TypeProto
     """The declared type of `name`, which must be a float tensor: losses and gradients need floats."""
     value_type = tensor_type(graph, name, role)
     elem = value_type.tensor_type.elem_type if value_type.HasField("tensor_type") else None
-    if elem not in FLOAT_TYPES:
+    if elem not in TRAINING_FLOAT_TYPES:
         kind = TensorProto.DataType.Name(elem).lower() if elem else "not a tensor"
         raise AuthoringError(f"{role} {name!r} is {kind}; the loss needs a float tensor")
     return value_type

@@ -11,6 +11,10 @@ from onnx import helper
 # XLA has no 6-bit float type: such arrays are computed with NumPy and never enter or leave a jitted function.
 HOST_ONLY_DTYPES = frozenset({np.dtype(ml_dtypes.float6_e2m3fn), np.dtype(ml_dtypes.float6_e3m2fn)})
 
+# The ONNX element types a model trains in (parameters, losses): the 8-, 6- and 4-bit floats are storage types.
+TRAINING_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+                                  onnx.TensorProto.BFLOAT16})
+
 
 def host_only(value) -> bool:
     """Strings and 6-bit floats live on the host only (NumPy), never in an XLA program."""

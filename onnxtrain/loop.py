@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 
 from .authoring import LEARNING_RATE
+from .dtypes import TRAINING_FLOAT_TYPES
 from .engine import Engine
 from .errors import DivergenceError, FeedError, OnnxTrainError
 
@@ -39,7 +40,7 @@ def array_batches(
 def loss_output(engine: Engine, algorithm: int = 0) -> str | None:
     """The algorithm graph's first scalar float output: what a training loop reports as the loss."""
     for output in engine.algorithms[algorithm].algorithm.outputs:
-        if output.shape == () and output.elem_type in (1, 10, 11, 16):
+        if output.shape == () and output.elem_type in TRAINING_FLOAT_TYPES:
             return output.name
     return None
 

@@ -18,10 +18,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from .dtypes import TRAINING_FLOAT_TYPES
 from .errors import AuthoringError
 from .tensor_data import tensor_value
 
-FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
 # (op_type, input index) where a float tensor is a setting, never a parameter PyTorch trains
 CONSTANT_INPUTS = {
@@ -106,7 +106,7 @@ def constants(model: onnx.ModelProto) -> dict[str, str]:
     used = uses(model.graph)
     reasons = {}
     for tensor in model.graph.initializer:
-        if tensor.data_type in FLOAT_TYPES:
+        if tensor.data_type in TRAINING_FLOAT_TYPES:
             reason = constant_reason(tensor_value(tensor), used.get(tensor.name, []))
             if reason:
                 reasons[tensor.name] = reason
@@ -116,7 +116,7 @@ def constants(model: onnx.ModelProto) -> dict[str, str]:
 def select_trainable(model: onnx.ModelProto, trainable: str | Iterable[str] | None) -> list[str]:
     """The model's parameters (None), those whose names match a regular expression, or exactly the names given;
     warns (ParameterizationWarning) where the exporter changed the parameterisation of the chosen ones."""
-    floats = [t.name for t in model.graph.initializer if t.data_type in FLOAT_TYPES]
+    floats = [t.name for t in model.graph.initializer if t.data_type in TRAINING_FLOAT_TYPES]
     if trainable is None or isinstance(trainable, str):
         left_out = constants(model)
         chosen = [n for n in floats if n not in left_out and (trainable is None or re.fullmatch(trainable, n))]
@@ -136,7 +136,7 @@ def check_names(model: onnx.ModelProto, names: list[str]) -> None:
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise AuthoringError(f"trainable: {repeated} listed twice")
-    not_float = sorted(n for n in names if n in kinds and kinds[n] not in FLOAT_TYPES)
+    not_float = sorted(n for n in names if n in kinds and kinds[n] not in TRAINING_FLOAT_TYPES)
     if not_float:
         raise AuthoringError(f"trainable: {not_float} are not float initializers (only floats have gradients)")
     unknown = sorted(n for n in names if n not in kinds)
@@ -146,7 +146,7 @@ def check_names(model: onnx.ModelProto, names: list[str]) -> None:
             f"of the model. A PyTorch export keeps parameter names only with "
             f"torch.onnx.export(..., dynamo=True, optimize=False); a tied parameter appears under one of its names "
             f"(onnxtrain.from_torch maps them); the model's float initializers are: "
-            f"{[n for n, k in kinds.items() if k in FLOAT_TYPES][:20]}"
+            f"{[n for n, k in kinds.items() if k in TRAINING_FLOAT_TYPES][:20]}"
         )
 
 
