@@ -16,7 +16,6 @@ from typing import Iterable
 
 import numpy as np
 import onnx
-from onnx import TensorProto
 
 from .dtypes import TRAINING_FLOAT_TYPES
 from .errors import AuthoringError
