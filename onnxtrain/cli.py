@@ -4,7 +4,6 @@ fails (diverges, or a step fails on the device) is one clear line and exit statu
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import zipfile
 from pathlib import Path
@@ -127,11 +126,6 @@ def cmd_make_trainable(args: argparse.Namespace) -> None:
     from .export import save_atomic
     from .model import read_model
 
-    if args.trainable is not None:
-        try:
-            re.compile(args.trainable)
-        except re.error as exc:
-            raise OnnxTrainError(f"--trainable {args.trainable!r} is not a regular expression ({exc})") from exc
     model, _ = read_model(args.model)
     given = (("alpha", args.alpha), ("beta", args.beta), ("epsilon", args.epsilon))
     options = {k: v for k, v in given if v is not None}

@@ -116,6 +116,11 @@ def select_trainable(model: onnx.ModelProto, trainable: str | Iterable[str] | No
     """The model's parameters (None), those whose names match a regular expression, or exactly the names given;
     warns (ParameterizationWarning) where the exporter changed the parameterisation of the chosen ones."""
     floats = [t.name for t in model.graph.initializer if t.data_type in TRAINING_FLOAT_TYPES]
+    if isinstance(trainable, str):
+        try:
+            re.compile(trainable)
+        except re.error as exc:
+            raise AuthoringError(f"trainable {trainable!r} is not a regular expression ({exc})") from exc
     if trainable is None or isinstance(trainable, str):
         left_out = constants(model)
         chosen = [n for n in floats if n not in left_out and (trainable is None or re.fullmatch(trainable, n))]

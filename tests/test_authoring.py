@@ -257,3 +257,10 @@ def test_cross_entropy_over_the_last_axis_with_ignored_labels_matches_pytorch():
     engine = onnxtrain.load(trainable)
     engine.train_step({"X": x, "target": labels})
     np.testing.assert_allclose(np.asarray(engine.state["W"]), w - LR * weight.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_a_trainable_pattern_that_is_no_regular_expression_is_an_authoring_error():
+    from onnxtrain.errors import AuthoringError
+
+    with pytest.raises(AuthoringError, match=r"trainable 'W\(' is not a regular expression"):
+        onnxtrain.make_trainable(linear_model(), trainable="W(")

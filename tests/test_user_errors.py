@@ -88,7 +88,7 @@ def test_cli_user_errors_are_one_line(tmp_path, capsys):
         ((*train, "--loss", "nope"), "loss 'nope' is not an output of train step 0"),
         (("train", plain_model(tmp_path), "--data", DATA), "carries no TrainingInfoProto"),
         (("make-trainable", plain_model(tmp_path), "--trainable", "W(", "-o", tmp_path / "t.onnx"),
-         "--trainable 'W(' is not a regular expression"),
+         "trainable 'W(' is not a regular expression"),
         ((*train, "--batch-size", 0), "batch_size must be a positive number of rows"),
     ]
     for args, fragment in cases:
