@@ -38,3 +38,14 @@ def test_kernels_lists_each_peers_kernels_per_step():
     for peer in ("onnxtrain", "jax"):
         found = re.search(rf"^mlp {peer}: (\d+) kernels per step", done.stdout, re.M)
         assert found and int(found.group(1)) >= 10, done.stdout  # three products and their gradients at least
+
+
+def test_realsize_quick_prints_the_table():
+    command = [sys.executable, str(ROOT / "benchmarks" / "realsize.py"), "--quick", "--models", "resnet18",
+               "--steps", "1"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| model | measurement | onnxtrain | PyTorch | ÷ PyTorch |" in done.stdout
+    for measurement in ("train step (ms)", "infer (ms)", "first train step, cold (s)",
+                        "first train step, warm cache (s)", "peak RSS (MB)"):
+        assert f"| resnet18 | {measurement} |" in done.stdout, done.stdout
