@@ -27,7 +27,7 @@ from .dtypes import is_float
 from .errors import StateError, StepError
 from .export import save_atomic, saved_step_count, with_initializers, with_state
 from .feeds import FeedChecker, array_signature
-from .lower.constants import load_time_constants
+from .lower.folding import load_time_constants
 from .lower.walker import Scope, TraceContext, run_graph, run_nodes
 from .model import Graph, ModelSource, ValueInfo, build_graph, check_model, model_resolver, raise_if_missing
 from .model import read_model
