@@ -194,7 +194,7 @@ class Engine:
         """How batched feeds are split over the engine's devices (None on one device). A NumPy feed is the
         whole batch; on several hosts, each can feed just its own rows as
         `jax.make_array_from_process_local_data(engine.batch_sharding, local_rows)`."""
-        return self._placement.split
+        return self._placement.batch_sharding
 
     @property
     def trace_count(self) -> int:
