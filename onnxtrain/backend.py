@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType
 
+from .dtypes import onnx_type
 from .engine import Engine, load
 
 
@@ -57,8 +58,6 @@ class OnnxTrainBackend(Backend):
         cls, node: onnx.NodeProto, inputs: Any, device: str = "CPU", outputs_info=None, **kwargs: Any
     ) -> list[Any]:
         """Run one node: a model is built around it with input types taken from `inputs`."""
-        from .dtypes import onnx_type
-
         values = list(inputs.values()) if isinstance(inputs, Mapping) else list(inputs)
         names = [n for n in node.input if n]
         graph_inputs = [

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import numpy as np
 
+from .authoring import make_trainable
+from .dtypes import type_name
+from .engine import load
 from .errors import DivergenceError, OnnxTrainError, StepError
+from .export import save_atomic
+from .loop import array_batches, fit
+from .model import read_model
 
 # what reading a user's .npy/.npz can raise: missing or unreadable, not NumPy's format, a damaged zip
 UNREADABLE = (OSError, ValueError, EOFError, zipfile.BadZipFile)
@@ -25,8 +31,6 @@ def read_npz(option: str, path: str) -> dict[str, np.ndarray]:
 
 
 def cmd_info(args: argparse.Namespace) -> None:
-    from .engine import load
-
     engine = load(args.model)
     print(f"model: {args.model}")
     opsets = ", ".join(f"{o.domain or 'ai.onnx'}={o.version}" for o in engine.model.opset_import)
@@ -47,8 +51,6 @@ def cmd_info(args: argparse.Namespace) -> None:
 
 
 def describe(value) -> str:
-    from .dtypes import type_name
-
     if value.elem_type is None:
         return "(non-tensor)"
     shape = "?" if value.shape is None else "[" + ", ".join(str(d) for d in value.shape) + "]"
@@ -84,8 +86,6 @@ def devices(count: int | None) -> list | None:
 
 
 def cmd_infer(args: argparse.Namespace) -> None:
-    from .engine import load
-
     if args.output_dir and not Path(args.output_dir).is_dir():
         raise OnnxTrainError(f"--output-dir {args.output_dir!r} is not an existing folder")
     engine = load(args.model, devices=devices(args.devices))
@@ -98,9 +98,6 @@ def cmd_infer(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from .engine import load
-    from .loop import array_batches, fit
-
     if args.shard_state and (args.devices or 1) < 2:
         raise OnnxTrainError("--shard-state splits the state over several devices: give --devices N with N > 1")
     engine = load(args.model, seed=args.seed, devices=devices(args.devices), shard_state=args.shard_state)
@@ -122,10 +119,6 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_make_trainable(args: argparse.Namespace) -> None:
-    from .authoring import make_trainable
-    from .export import save_atomic
-    from .model import read_model
-
     model, _ = read_model(args.model)
     given = (("alpha", args.alpha), ("beta", args.beta), ("epsilon", args.epsilon))
     options = {k: v for k, v in given if v is not None}
@@ -139,8 +132,6 @@ def cmd_make_trainable(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from .engine import load
-
     engine = load(args.model)
     if args.state:
         try:

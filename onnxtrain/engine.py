@@ -24,9 +24,10 @@ import onnx
 
 from .cache import enable_compilation_cache
 from .dtypes import HOST_ONLY_DTYPES, is_float
-from .errors import ModelLoadError, StateError, StepError
+from .errors import StateError, StepError
+from .export import save_atomic, saved_step_count, with_initializers, with_state
 from .feeds import FeedChecker, array_signature
-from .lower.constants import load_time_constants
+from .lower.folding import load_time_constants
 from .lower.walker import Scope, TraceContext, run_graph, run_nodes
 from .model import Graph, ModelSource, ValueInfo, build_graph, check_model, model_resolver, raise_if_missing
 from .model import read_model
@@ -34,20 +35,6 @@ from .placement import Placement, host_array
 from .program import Program, tracing
 from .state.bindings import Algorithm, parse_training_info, state_owners
 from .state.store import assign, load_npz, save_npz
-
-STEP_METADATA_KEY = "onnxtrain.step"
-
-
-def saved_step_count(model: onnx.ModelProto) -> int:
-    """The step count an exported model records (0 if none): a non-negative integer, or ModelLoadError."""
-    text = {p.key: p.value for p in model.metadata_props}.get(STEP_METADATA_KEY, "0")
-    if not text.strip().isdigit():
-        raise ModelLoadError(
-            f"metadata_props[{STEP_METADATA_KEY!r}] = {text!r}: expected the number of train steps taken, "
-            f"a non-negative integer"
-        )
-    return int(text)
-
 
 def split_initializers(graph: Graph, state: set[str]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(static, traced) non-state initializers: float weights are traced so they are not baked into the
@@ -209,7 +196,7 @@ class Engine:
         """How batched feeds are split over the engine's devices (None on one device). A NumPy feed is the
         whole batch; on several hosts, each can feed just its own rows as
         `jax.make_array_from_process_local_data(engine.batch_sharding, local_rows)`."""
-        return self._placement.split
+        return self._placement.batch_sharding
 
     @property
     def trace_count(self) -> int:
@@ -361,10 +348,9 @@ class Engine:
         """Write a copy of the model whose initializers hold the current state, atomically. External data
         (external_data=True, or automatically past protobuf's 2 GiB) goes to `<name>.<16 hex>.data` beside it,
         a new name at each export: the model file and its data are always both the old or both the new."""
-        from .export import export_model
-
         with self.lock:
-            export_model(self, Path(path), external_data)
+            save_atomic(with_state(self.model, self._state, self.state_owner, self.step_count), Path(path),
+                        external_data)
 
 
 def load(
@@ -394,7 +380,5 @@ def jax_function(source: ModelSource, seed: int = 0):
 
 def export_params(source: ModelSource, params: Mapping[str, Any], path: str | Path) -> None:
     """Write `source` with its main-graph initializers replaced by `params`, atomically."""
-    from .export import save_atomic, with_initializers
-
     model, _ = read_model(source)
     save_atomic(with_initializers(model, params), Path(path))

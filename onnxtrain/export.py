@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Mapping
+from typing import Any, BinaryIO, Mapping
 
 import numpy as np
 import onnx
@@ -15,40 +15,45 @@ from onnx.external_data_helper import set_external_data
 from . import big_models
 from .atomic import TOKEN_HEX, new_token, remove_matching, replace_atomically, unlink_quietly, write_durably
 from .big_models import exceeds_protobuf_limit, initializer_graphs, lean_copy, weight_tensors
-from .errors import ExportError
+from .errors import ExportError, ModelLoadError
 from .placement import host_array
 
-if TYPE_CHECKING:
-    from .engine import Engine
-
+STEP_METADATA_KEY = "onnxtrain.step"  # metadata_props key of an exported model's train step count
 DATA_ALIGNMENT = 64  # bytes; each tensor starts at a multiple of this in the data file
 
 
-def trained_model(engine: "Engine") -> onnx.ModelProto:
-    from .engine import STEP_METADATA_KEY
+def saved_step_count(model: onnx.ModelProto) -> int:
+    """The step count an exported model records (0 if none): a non-negative integer, or ModelLoadError."""
+    text = {p.key: p.value for p in model.metadata_props}.get(STEP_METADATA_KEY, "0")
+    if not text.strip().isdigit():
+        raise ModelLoadError(
+            f"metadata_props[{STEP_METADATA_KEY!r}] = {text!r}: expected the number of train steps taken, "
+            f"a non-negative integer"
+        )
+    return int(text)
 
+
+def with_state(
+    model: onnx.ModelProto, state: Mapping[str, Any], state_owner: Mapping[str, int | None], step: int,
+) -> onnx.ModelProto:
+    """A copy of `model` whose state initializers hold `state` and whose metadata records `step` train steps.
+    `state_owner`: each state variable -> None (ModelProto.graph) or k (training_info[k].algorithm)."""
     # the state's old bytes are not copied, they are replaced below; a name in several graphs is copied whole
-    names = Counter(t.name for g in initializer_graphs(engine.model) for t in g.initializer)
-    model = lean_copy(engine.model, lambda tensor: tensor.name in engine.state_owner and names[tensor.name] == 1)
-    graphs = [model.graph] + [info.algorithm for info in model.training_info]
-    for name, value in engine.state.items():
-        owner = engine.state_owner[name]
-        graph = graphs[0 if owner is None else owner + 1]
+    names = Counter(t.name for g in initializer_graphs(model) for t in g.initializer)
+    result = lean_copy(model, lambda tensor: tensor.name in state_owner and names[tensor.name] == 1)
+    for name, value in state.items():
+        owner = state_owner[name]
+        graph = result.graph if owner is None else result.training_info[owner].algorithm
         for tensor in graph.initializer:
             if tensor.name == name:
                 tensor.CopyFrom(numpy_helper.from_array(host_array(value), name))
                 break
-    for prop in list(model.metadata_props):
+    for prop in list(result.metadata_props):
         if prop.key == STEP_METADATA_KEY:
-            model.metadata_props.remove(prop)
-    if engine.step_count:
-        model.metadata_props.add(key=STEP_METADATA_KEY, value=str(engine.step_count))
-    return model
-
-
-def export_model(engine: "Engine", path: Path, external_data: bool | None = None) -> None:
-    """Save `engine`'s model with its current state."""
-    save_atomic(trained_model(engine), path, external_data)
+            result.metadata_props.remove(prop)
+    if step:
+        result.metadata_props.add(key=STEP_METADATA_KEY, value=str(step))
+    return result
 
 
 def with_initializers(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx.ModelProto:

@@ -22,51 +22,12 @@ from . import tensor_data
 from .big_models import PROTOBUF_LIMIT, check_large_model, exceeds_protobuf_limit
 from .errors import ModelLoadError, UnsupportedOpError
 from .external_data import inline_external_data, open_regular_file
-from .lower.registry import OpImpl, canonical_domain, lookup, schema_for
+from .ir import Graph, Node, ValueInfo
+from .lower.registry import canonical_domain, lookup, schema_for
 from .tensor_data import decode_utf8, known_type, tensor_value
 from .well_formed import check_well_formed
 
 ModelSource = str | os.PathLike | bytes | onnx.ModelProto
-
-
-@dataclass(frozen=True)
-class ValueInfo:
-    """A graph input or output: its name, ONNX element type (None if not a tensor) and shape (None if unknown)."""
-
-    name: str
-    elem_type: int | None
-    shape: tuple[int | str | None, ...] | None
-    type_proto: onnx.TypeProto
-
-
-@dataclass(frozen=True)
-class Node:
-    op_type: str
-    domain: str
-    name: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    attributes: dict[str, Any]  # decoded, schema defaults filled in; subgraphs are Graphs
-    raw_attributes: tuple[onnx.AttributeProto, ...]  # as written (function expansion needs the protos)
-    opset: int  # the opset imported for this node's domain where it stands
-    since_version: int | None  # of the schema the opset selects; None for a model-local function
-    impl: OpImpl | None  # a registered lowering, or None when `function` is set or the schema has a body
-    function: onnx.FunctionProto | None = None  # a model-local function this node calls
-
-    @property
-    def label(self) -> str:
-        name = f" {self.name!r}" if self.name else ""
-        domain = f"{self.domain}::" if self.domain else ""
-        return f"{domain}{self.op_type}{name}"
-
-
-@dataclass(frozen=True)
-class Graph:
-    name: str
-    inputs: tuple[ValueInfo, ...]
-    outputs: tuple[ValueInfo, ...]
-    initializers: dict[str, np.ndarray]
-    nodes: tuple[Node, ...]
 
 
 @dataclass

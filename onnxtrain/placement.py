@@ -28,9 +28,9 @@ class Placement:
         if self.devices and len(self.devices) > 1:
             self.mesh = Mesh(np.array(self.devices), (BATCH_AXIS,))
             self.replicated = NamedSharding(self.mesh, PartitionSpec())
-            self.split = NamedSharding(self.mesh, PartitionSpec(BATCH_AXIS))
+            self.batch_sharding = NamedSharding(self.mesh, PartitionSpec(BATCH_AXIS))
         else:
-            self.replicated = self.split = None
+            self.replicated = self.batch_sharding = None
         self.shard_state = shard_state and self.parallel  # split over one device is the whole array
 
     @property
@@ -40,7 +40,7 @@ class Placement:
 
     @property
     def parallel(self) -> bool:
-        return self.split is not None
+        return self.batch_sharding is not None
 
     def sharding(self, shape: Sequence[int]) -> NamedSharding | None:
         """Replicated, or with shard_state split along the longest axis the device count divides (the first of
@@ -83,7 +83,7 @@ class Placement:
                     f"feed {name!r}: batch size {np.shape(value)[0]} is not divisible by the {len(self.devices)} "
                     f"devices it is split over"
                 )
-            placed[name] = jax.device_put(value, self.split if batched else self.replicated)
+            placed[name] = jax.device_put(value, self.batch_sharding if batched else self.replicated)
         return placed
 
 

@@ -10,7 +10,7 @@ An If whose cond is known at trace time runs one branch only, so branches that d
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 import onnx
@@ -18,12 +18,10 @@ import onnx.defs
 
 from ..dtypes import onnx_type
 from ..errors import NodeError
+from ..ir import Node
 from .layout import ChannelsLast
 from .registry import schema_for
 from .values import Value
-
-if TYPE_CHECKING:
-    from ..model import Node
 
 
 @functools.cache

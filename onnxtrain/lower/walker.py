@@ -6,22 +6,21 @@ import dataclasses
 import math
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
 import onnx
 
+from ..dtypes import onnx_type
 from ..errors import NodeError, OnnxTrainError, StaticValueRequired
+from ..ir import Graph, Node
 from . import layout
 from .layout import channels_first, channels_first_results
 from .constants import hoisting, with_hoisted
 from .registry import schema_for
 from .typecheck import check_node
 from .values import Value, is_static, static_evaluation, to_static
-
-if TYPE_CHECKING:
-    from ..model import Graph, Node
 
 
 class Scope:
@@ -175,8 +174,6 @@ def value_name_of(node: "Node", formal_input: str) -> str | None:
 def call_node(
     node: "Node", args: list[Value], scope: Scope, trace: TraceContext, siblings: Sequence["Node"], position: int
 ) -> Any:
-    from ..model import Graph
-
     check_node(node, args)
     if node.impl is None:
         return call_function(node, [channels_first(a) for a in args], trace)
@@ -244,8 +241,6 @@ def abstract_results(node: "Node", args: list[Value], attrs: dict[str, Any]) -> 
 
 
 def is_graph_list(value: Any) -> bool:
-    from ..model import Graph
-
     return isinstance(value, list) and bool(value) and isinstance(value[0], Graph)
 
 
@@ -307,8 +302,6 @@ def schema_function(
 
 
 def type_proto_of(value: Value) -> onnx.TypeProto:
-    from ..dtypes import onnx_type
-
     if value is None:
         return onnx.TypeProto()
     if isinstance(value, list):

@@ -19,6 +19,7 @@ import numpy as np
 from jax import lax
 
 from ...errors import NodeError, StaticValueRequired
+from ...ir import Graph
 from ..walker import NodeContext, Subgraph
 from ..registry import op, versions
 from ..values import Value, folded, is_static, is_text, needs_static, signature, static_ints
@@ -45,8 +46,6 @@ def describe(value: Value) -> str:
 
 def outer_names(graph: Any) -> set[str]:
     """The names `graph` (nested subgraphs included) reads from its enclosing scopes."""
-    from ...model import Graph
-
     defined = {i.name for i in graph.inputs} | set(graph.initializers)
     used: set[str] = set()
     for node in graph.nodes:

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from ...dtypes import is_float
 from ...errors import NodeError
+from ...ir import Graph
 from ..walker import NodeContext, Scope, run_node
 from ..registry import TRAINING_DOMAIN, op
 from ..values import is_static
@@ -41,8 +42,6 @@ def differentiated_slice(ctx: NodeContext, sources: set[str], y: str) -> list[in
 
 def free_names(node) -> set[str]:
     """Outer-scope names a node's subgraphs read (so a dependency through an If/Loop body counts)."""
-    from ...model import Graph
-
     names: set[str] = set()
     for value in node.attributes.values():
         for graph in value if isinstance(value, list) else [value]:

@@ -1,0 +1,56 @@
+"""The frozen view of an ONNX graph the lowering walks: Graph, Node, ValueInfo.
+
+It imports nothing of onnxtrain at run time, so model.py (which builds these views) and lower/ (which walks
+them) both depend on it without depending on each other through it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+
+if TYPE_CHECKING:  # annotation only: the registry's package imports every op, which import this module
+    from .lower.registry import OpImpl
+
+
+@dataclass(frozen=True)
+class ValueInfo:
+    """A graph input or output: its name, ONNX element type (None if not a tensor) and shape (None if unknown)."""
+
+    name: str
+    elem_type: int | None
+    shape: tuple[int | str | None, ...] | None
+    type_proto: onnx.TypeProto
+
+
+@dataclass(frozen=True)
+class Node:
+    op_type: str
+    domain: str
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attributes: dict[str, Any]  # decoded, schema defaults filled in; subgraphs are Graphs
+    raw_attributes: tuple[onnx.AttributeProto, ...]  # as written (function expansion needs the protos)
+    opset: int  # the opset imported for this node's domain where it stands
+    since_version: int | None  # of the schema the opset selects; None for a model-local function
+    impl: OpImpl | None  # a registered lowering, or None when `function` is set or the schema has a body
+    function: onnx.FunctionProto | None = None  # a model-local function this node calls
+
+    @property
+    def label(self) -> str:
+        name = f" {self.name!r}" if self.name else ""
+        domain = f"{self.domain}::" if self.domain else ""
+        return f"{domain}{self.op_type}{name}"
+
+
+@dataclass(frozen=True)
+class Graph:
+    name: str
+    inputs: tuple[ValueInfo, ...]
+    outputs: tuple[ValueInfo, ...]
+    initializers: dict[str, np.ndarray]
+    nodes: tuple[Node, ...]
