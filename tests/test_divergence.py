@@ -8,23 +8,13 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import numpy_helper
 
 import onnxtrain
 from onnxtrain.errors import DivergenceError
+from training_models import matmul_sgd
 
 RNG = np.random.default_rng(0)
-
-
-def linear(learning_rate: float) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["X", "W"], ["Y"])], "lin",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 2])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 1])],
-        [numpy_helper.from_array(np.zeros((2, 1), np.float32), "W")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    return onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=learning_rate)
 
 
 def data() -> dict[str, np.ndarray]:
@@ -39,14 +29,14 @@ def nan_from(step: int):
 
 
 def test_a_nan_loss_stops_fit_at_its_step():
-    engine = onnxtrain.load(linear(0.1))
+    engine = onnxtrain.load(matmul_sgd(0.1))
     with pytest.raises(DivergenceError, match=r"loss 'loss' is nan after train step 8 \(step 7 of this fit\)"):
         onnxtrain.fit(engine, onnxtrain.array_batches(data()), steps=20, log_every=1, progress=False,
                       learning_rate=nan_from(6))
 
 
 def test_a_diverged_run_never_overwrites_the_checkpoint(tmp_path):
-    engine = onnxtrain.load(linear(0.1))
+    engine = onnxtrain.load(matmul_sgd(0.1))
     path = tmp_path / "ckpt.onnx"
     batches = onnxtrain.array_batches(data())
     onnxtrain.fit(engine, batches, steps=4, progress=False, checkpoint=path)
@@ -66,7 +56,7 @@ def test_a_diverged_run_never_overwrites_the_checkpoint(tmp_path):
 
 
 def test_the_cli_refuses_to_write_a_diverged_model(tmp_path):
-    onnx.save(linear(1e30), tmp_path / "wild.onnx")
+    onnx.save(matmul_sgd(1e30), tmp_path / "wild.onnx")
     np.savez(tmp_path / "d.npz", **data())
     out = tmp_path / "out.onnx"
     result = subprocess.run([sys.executable, "-m", "onnxtrain.cli", "train", str(tmp_path / "wild.onnx"), "--data",

@@ -7,24 +7,14 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxtrain
-
-
-def linear_sgd() -> onnx.ModelProto:
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["X", "W"], ["Y"])], "lin",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 2])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 1])],
-        [numpy_helper.from_array(np.zeros((2, 1), np.float32), "W")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    return onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=0.5)
+from training_models import matmul_sgd
 
 
 def test_schedule_evaluation_and_checkpoint(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(16, 2)).astype(np.float32)
     t = (x @ np.array([[1.0], [-3.0]])).astype(np.float32)
-    engine = onnxtrain.load(linear_sgd())
+    engine = onnxtrain.load(matmul_sgd(0.5))
     rates = [0.1 * 0.5**step for step in range(6)]
     history = onnxtrain.fit(
         engine, onnxtrain.array_batches({"X": x, "target": t}, shuffle=False), steps=6, log_every=1,

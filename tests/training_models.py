@@ -140,3 +140,17 @@ def scaled_model_two_algorithms(w0, b0, lr_w: float, lr_b: float) -> onnx.ModelP
         return helper.make_training_info(algorithm, [(var, f"{var}_new")], None, None)
 
     return model(graph, [sgd("W", lr_w, "0"), sgd("B", lr_b, "1")])
+
+
+def matmul_sgd(learning_rate: float) -> onnx.ModelProto:
+    """Y = X @ W (W zeros, [2, 1]) made trainable with make_trainable's MSE loss and SGD."""
+    import onnxtrain
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])], "lin",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 1])],
+        [numpy_helper.from_array(np.zeros((2, 1), np.float32), "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=learning_rate)
