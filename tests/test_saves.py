@@ -18,20 +18,9 @@ import onnxtrain
 import onnxtrain.big_models
 from onnxtrain.errors import ExportError, ModelLoadError, StateError
 from onnxtrain.state.store import save_npz
-from test_training import mlp_params
-from training_models import mlp_adam
+from test_export import T, X, trained  # an MLP trained with Adam for `steps` steps on (X, T)
 
 RNG = np.random.default_rng(5)
-X = RNG.normal(size=(16, 4)).astype(np.float32)
-T = RNG.normal(size=(16, 2)).astype(np.float32)
-
-
-def trained(steps: int) -> onnxtrain.Engine:
-    engine = onnxtrain.load(mlp_adam(mlp_params(), lr=0.01))
-    engine.init()
-    for _ in range(steps):
-        engine.train_step({"X": X, "Target": T})
-    return engine
 
 
 def host_state(engine: onnxtrain.Engine) -> dict[str, np.ndarray]:
