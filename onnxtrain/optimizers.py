@@ -23,6 +23,7 @@ from onnx import TensorProto, helper
 
 from .errors import AuthoringError
 from .lower.registry import TRAINING_DOMAIN
+from .parameters import check_pattern
 
 if TYPE_CHECKING:
     from .authoring import Builder
@@ -78,10 +79,7 @@ def check_update(optimizer: str, options: dict[str, float], weight_decay: float 
     if no_decay is not False and weight_decay == 0:
         raise AuthoringError(f"no_decay={no_decay!r} excludes parameters from a weight decay of 0: set weight_decay")
     if isinstance(no_decay, str):
-        try:
-            re.compile(no_decay)
-        except re.error as exc:
-            raise AuthoringError(f"no_decay {no_decay!r} is not a regular expression ({exc})") from exc
+        check_pattern("no_decay", no_decay)
     elif no_decay is not True and no_decay is not False:
         raise AuthoringError(f"no_decay must be a regular expression or a bool, got {no_decay!r}")
     if clip_grad_norm is not None and not (is_number(clip_grad_norm) and clip_grad_norm > 0):

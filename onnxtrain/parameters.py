@@ -112,15 +112,20 @@ def constants(model: onnx.ModelProto) -> dict[str, str]:
     return reasons
 
 
+def check_pattern(option: str, pattern: str) -> None:
+    """AuthoringError unless `pattern`, which `option` matches against parameter names, is a regular expression."""
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise AuthoringError(f"{option} {pattern!r} is not a regular expression ({exc})") from exc
+
+
 def select_trainable(model: onnx.ModelProto, trainable: str | Iterable[str] | None) -> list[str]:
     """The model's parameters (None), those whose names match a regular expression, or exactly the names given;
     warns (ParameterizationWarning) where the exporter changed the parameterisation of the chosen ones."""
     floats = [t.name for t in model.graph.initializer if t.data_type in TRAINING_FLOAT_TYPES]
     if isinstance(trainable, str):
-        try:
-            re.compile(trainable)
-        except re.error as exc:
-            raise AuthoringError(f"trainable {trainable!r} is not a regular expression ({exc})") from exc
+        check_pattern("trainable", trainable)
     if trainable is None or isinstance(trainable, str):
         left_out = constants(model)
         chosen = [n for n in floats if n not in left_out and (trainable is None or re.fullmatch(trainable, n))]
