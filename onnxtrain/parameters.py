@@ -112,6 +112,14 @@ def constants(model: onnx.ModelProto) -> dict[str, str]:
     return reasons
 
 
+# The export flags that keep an eval-mode BatchNorm a node of its own (train_mode needs it, the warning says it).
+KEEP_BATCH_NORM = (
+    "export with torch.onnx.export(..., dynamo=False, do_constant_folding=False) (or "
+    "training=torch.onnx.TrainingMode.TRAINING), or with dynamo=True and optimize=False: the default exports fold "
+    "an eval-mode BatchNorm into the preceding Conv"
+)
+
+
 def check_pattern(option: str, pattern: str) -> None:
     """AuthoringError unless `pattern`, which `option` matches against parameter names, is a regular expression."""
     try:
@@ -189,8 +197,8 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> No
         warnings.warn(ParameterizationWarning(
             f"{', '.join(folded[:6])}{' ...' if len(folded) > 6 else ''} ({len(folded)} Conv weights): BatchNorm "
             f"folded into Conv by the exporter: the BatchNorm's scale and shift are gone and the fused kernel "
-            f"W*gamma/sqrt(var+eps) and bias would train instead, another parameterisation. Export with "
-            f"torch.onnx.export(..., dynamo=True, optimize=False) (or dynamo=False, do_constant_folding=False)"),
+            f"W*gamma/sqrt(var+eps) and bias would train instead, another parameterisation. To keep BatchNorm, "
+            f"{KEEP_BATCH_NORM}"),
             stacklevel=4)
 
 

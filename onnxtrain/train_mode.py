@@ -25,17 +25,13 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .errors import OnnxTrainError
+from .parameters import KEEP_BATCH_NORM
 
 if TYPE_CHECKING:
     from .authoring import Builder
 
 PREFIX = "train/"
 ONNX_DOMAINS = ("", "ai.onnx")
-KEEP_BATCH_NORM = (
-    "export with torch.onnx.export(..., dynamo=False, do_constant_folding=False) (or "
-    "training=torch.onnx.TrainingMode.TRAINING), or with dynamo=True and optimize=False: the default exports fold "
-    "an eval-mode BatchNorm into the preceding Conv"
-)
 
 
 def default_opset(model: onnx.ModelProto) -> int:
