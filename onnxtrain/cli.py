@@ -43,7 +43,7 @@ def cmd_info(args: argparse.Namespace) -> None:
         where = "graph" if owner is None else f"training_info[{owner}]"
         print(f"state: {name} {np.dtype(value.dtype)}{list(value.shape)} ({where})")
     for algorithm in engine.algorithms:
-        feeds = [i.name for i in algorithm.algorithm.inputs]
+        feeds = [i.name for i in algorithm.graph.inputs]
         print(f"algorithm {algorithm.index}: feeds {feeds}, updates {sorted(algorithm.update_binding)}")
     ops = sorted({(n.domain or "ai.onnx", n.op_type) for n in engine.graph.nodes})
     print("ops: " + ", ".join(f"{d}::{o}" for d, o in ops))

@@ -1,10 +1,10 @@
-"""The stateful object: holds the state as device buffers and calls the compiled pure functions.
+"""The stateful shell around the pure step functions of steps.py: placement, compiled programs, state buffers.
 
-    init(key)                          -> state
-    train_step(state, feeds, key)      -> (state', outputs)     state donated: updated in place
-    infer(state, feeds)                -> outputs
+    engine.init(seed)              state <- steps.init(...)
+    engine.train_step(feeds, k)    state, outputs <- steps.train_step(...)     state donated: updated in place
+    engine.infer(feeds)            outputs <- steps.infer(...)
 
-are each one jitted function (per input signature); this class only holds `state` and calls them.
+Each is one jitted program per input signature (program.py); this class holds the state between calls.
 
 An engine may be shared between threads: `lock` serialises every call that reads or replaces the state buffers,
 so a step never donates buffers another call is using.
@@ -28,13 +28,13 @@ from .errors import StateError, StepError
 from .export import save_atomic, saved_step_count, with_initializers, with_state
 from .feeds import FeedChecker, array_signature
 from .lower.folding import load_time_constants
-from .lower.walker import Scope, TraceContext, run_graph, run_nodes
 from .model import Graph, ModelSource, ValueInfo, build_graph, check_model, model_resolver, raise_if_missing
 from .model import read_model
 from .placement import Placement, host_array
 from .program import Program, tracing
+from . import steps
 from .state.bindings import Algorithm, parse_training_info, state_owners
-from .state.store import assign, load_npz, save_npz
+from .state.store import load_npz, save_npz
 
 def split_initializers(graph: Graph, state: set[str]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(static, traced) non-state initializers: float weights are traced so they are not baked into the
@@ -89,11 +89,11 @@ class Engine:
         self.state_owner = state_owners(self.graph, self.algorithms)
         owned = set(self.state_owner)
         self._initial_state = {
-            name: (self.graph if owner is None else self.algorithms[owner].algorithm).initializers[name]
+            name: (self.graph if owner is None else self.algorithms[owner].graph).initializers[name]
             for name, owner in self.state_owner.items()
         }
         self._main_static, main_traced = split_initializers(self.graph, owned)
-        split = [split_initializers(a.algorithm, owned) for a in self.algorithms]
+        split = [split_initializers(a.graph, owned) for a in self.algorithms]
         self._algorithm_static = [s for s, _ in split]
         self._placement = Placement(devices, shard_state)
         with jax.enable_x64(True):
@@ -102,70 +102,46 @@ class Engine:
             self._algorithm_consts = [self._placement.put(t) for _, t in split]
             self._state = self._placement.put(self._initial_state)
             with tracing(matmul_precision, self._placement.platform):  # float constants: see lower/constants.py
-                hoisted = load_time_constants([self.graph, *(a.algorithm for a in self.algorithms)],
+                hoisted = load_time_constants([self.graph, *(a.graph for a in self.algorithms)],
                                               [self._main_static, *self._algorithm_static])
             self._hoisted = [self._placement.put(h) for h in hoisted]  # main graph's, then each algorithm's
 
         self.required_inputs, self.optional_inputs = feed_lists([self.graph])
         self._infer_feeds = FeedChecker(self.required_inputs, self.optional_inputs)
-        self._train_feeds = [FeedChecker(*feed_lists([self.graph, a.algorithm]), rows_required=True)
+        self._train_feeds = [FeedChecker(*feed_lists([self.graph, a.graph]), rows_required=True)
                              for a in self.algorithms]
-        self._declared = {i.name: i for g in [self.graph] + [a.algorithm for a in self.algorithms] for i in g.inputs}
+        self._declared = {i.name: i for g in [self.graph] + [a.graph for a in self.algorithms] for i in g.inputs}
         self.matmul_precision = matmul_precision
-        self._infer = Program(self._infer_body, self.graph.nodes, self._placement.platform,
-                              matmul_precision=matmul_precision, constants=self._hoisted[0])
-        self._train = [self._train_program(a) for a in self.algorithms]
-        self._init = Program(self._init_body, (), self._placement.platform, matmul_precision=matmul_precision)
+        self._model = steps.StepModel(self.graph, tuple(self.algorithms), self.functions, self._main_static,
+                                      tuple(self._algorithm_static), self._placement.keep_layout)
+        self._infer = self._infer_program()
+        self._train = [self._train_program(k) for k in range(len(self.algorithms))]
+        self._init = self._init_program()
 
-    # ----- the pure bodies (traced once per signature) -----
+    # ----- the pure functions (steps.py) as programs: compiled once per signature -----
 
-    @staticmethod
-    def _scope(*initializers: Mapping[str, Any], feeds: Mapping[str, Any]) -> Scope:
-        """Initializers first, then feeds: a fed input overrides the initializer of the same name (its default)."""
-        values: dict[str, Any] = {}
-        for group in initializers:
-            values.update(group)
-        values.update(feeds)
-        return Scope(values)
+    def _infer_program(self) -> Program:
+        def body(state, consts, key, feeds, static_feeds):
+            return {}, steps.infer(self._model, state, consts, key, {**static_feeds, **feeds})
 
-    def _infer_body(self, state, consts, key, feeds, static_feeds):
-        scope = self._scope(self._main_static, consts, state, feeds={**static_feeds, **feeds})
-        run_nodes(self.graph.nodes, scope, TraceContext(key, self.functions))
-        return {}, {o.name: scope[o.name] for o in self.graph.outputs}
+        return Program(body, self.graph.nodes, self._placement.platform, matmul_precision=self.matmul_precision,
+                       constants=self._hoisted[0])
 
-    def _train_program(self, algorithm: Algorithm) -> Program:
-        nodes = self.graph.nodes + algorithm.algorithm.nodes
+    def _train_program(self, k: int) -> Program:
+        def body(carry, consts, k_consts, key, feeds, static_feeds):
+            result = steps.train_step(self._model, k, *carry, consts, k_consts, key, {**static_feeds, **feeds})
+            self._draws[k] = result.draws
+            return (result.state, result.step), result.outputs
 
-        def body(carry, consts, algorithm_consts, key, feeds, static_feeds):
-            state, step = carry
-            scope = self._scope(self._main_static, consts, self._algorithm_static[algorithm.index], algorithm_consts,
-                                state, feeds={**static_feeds, **feeds})
-            trace = TraceContext(jax.random.fold_in(key, step), self.functions, training=True, step=step)
-            run_nodes(nodes, scope, trace)
-            self._draws[algorithm.index] = trace.draws.any
-            # An output bound to state is the new state itself; returning it again would cost a copy per step.
-            bound = set(algorithm.update_binding.values())
-            outputs = {
-                o.name: scope[o.name] for o in self.graph.outputs + algorithm.algorithm.outputs if o.name not in bound
-            }
-            where = f"training_info[{algorithm.index}].update_binding"
-            state = assign(state, algorithm.update_binding, {n: scope[n] for n in bound}, where)
-            # the count only seeds random streams: a step that draws none leaves it as it is (one kernel less)
-            return (self._placement.keep_layout(state), step + 1 if trace.draws.any else step), outputs
+        return Program(body, self.graph.nodes + self.algorithms[k].graph.nodes, self._placement.platform,
+                       donate=(0,), matmul_precision=self.matmul_precision,
+                       constants={**self._hoisted[0], **self._hoisted[1 + k]})
 
-        return Program(body, nodes, self._placement.platform, donate=(0,), matmul_precision=self.matmul_precision,
-                       constants={**self._hoisted[0], **self._hoisted[1 + algorithm.index]})
+    def _init_program(self) -> Program:
+        def body(state, key, feeds, static_feeds):
+            return steps.init(self._model, state, key), {}
 
-    def _init_body(self, state, key, feeds, static_feeds):
-        for algorithm in self.algorithms:
-            if algorithm.initialization is None:
-                continue
-            graph = algorithm.initialization
-            trace = TraceContext(jax.random.fold_in(key, algorithm.index), self.functions)
-            values = dict(zip([o.name for o in graph.outputs], run_graph(graph, [], trace)))
-            where = f"training_info[{algorithm.index}].initialization_binding"
-            state = assign(state, algorithm.initialization_binding, values, where)
-        return self._placement.keep_layout(state), {}
+        return Program(body, (), self._placement.platform, matmul_precision=self.matmul_precision)
 
     # ----- the stateful API -----
 
@@ -308,8 +284,7 @@ class Engine:
 
         def fn(params: Mapping[str, Any], feeds: Mapping[str, Any]) -> dict[str, Any]:
             with jax.enable_x64(True), tracing(self.matmul_precision, self._placement.platform):
-                _, outputs = self._infer_body(params, {}, self._key, feeds, {})
-            return outputs
+                return steps.infer(self._model, params, {}, self._key, feeds)
 
         return fn, params
 

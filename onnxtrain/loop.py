@@ -39,7 +39,7 @@ def array_batches(
 
 def loss_output(engine: Engine, algorithm: int = 0) -> str | None:
     """The algorithm graph's first scalar float output: what a training loop reports as the loss."""
-    for output in engine.algorithms[algorithm].algorithm.outputs:
+    for output in engine.algorithms[algorithm].graph.outputs:
         if output.shape == () and output.elem_type in TRAINING_FLOAT_TYPES:
             return output.name
     return None
@@ -49,7 +49,7 @@ def step_outputs(engine: Engine, algorithm: int) -> list[str]:
     """What train_step(algorithm=) returns: the outputs of both graphs that update_binding does not assign."""
     chosen = engine.algorithms[algorithm]
     bound = set(chosen.update_binding.values())
-    return [o.name for o in engine.graph.outputs + chosen.algorithm.outputs if o.name not in bound]
+    return [o.name for o in engine.graph.outputs + chosen.graph.outputs if o.name not in bound]
 
 
 def check_options(engine: Engine, algorithm: int, loss: str | None, intervals: Mapping[str, int]) -> None:

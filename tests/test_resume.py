@@ -32,7 +32,7 @@ def run(engine: onnxtrain.Engine, start: int, count: int, pattern: list[int]) ->
     for step in range(start, start + count):
         algorithm = pattern[step % len(pattern)]
         outputs = engine.train_step(batch(step), algorithm=algorithm)
-        losses.append(np.asarray(outputs[engine.algorithms[algorithm].algorithm.outputs[0].name]))
+        losses.append(np.asarray(outputs[engine.algorithms[algorithm].graph.outputs[0].name]))
     return np.stack(losses)
 
 

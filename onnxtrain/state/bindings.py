@@ -20,7 +20,7 @@ class Algorithm:
     index: int
     initialization: Graph | None
     initialization_binding: dict[str, str]
-    algorithm: Graph
+    graph: Graph  # TrainingInfoProto.algorithm
     update_binding: dict[str, str]
 
 

@@ -1,0 +1,100 @@
+"""The three pure functions of a training model, as the ONNX IR spec describes it ("Training Related Information"):
+
+    init(model, state, key)                                        -> state
+    train_step(model, k, state, step, consts, k_consts, key, feeds) -> StepResult(state', step', outputs, draws)
+    infer(model, state, consts, key, feeds)                         -> outputs
+
+`model` is a `StepModel`: the frozen description of everything a step reads that is not an array argument (the
+graphs, the bindings, the model-local functions, the initializers that stay static). Each function only traces
+nodes through the walker; none holds or mutates anything, so each can be jitted, differentiated or composed by
+the caller. `Engine` (engine.py) is the stateful shell around them: it places arrays, compiles each function once
+per input signature (program.py) and keeps the state buffers between calls.
+
+Argument groups, all pytrees of arrays: `state` (the state variables, by name), `consts` (the main graph's
+traced float initializers), `k_consts` (those of training_info[k].algorithm), `feeds` (graph inputs by name; a
+feed overrides the initializer of the same name, which is its default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, NamedTuple
+
+import jax
+import numpy as np
+import onnx
+
+from .ir import Graph
+from .lower.walker import Scope, TraceContext, run_graph, run_nodes
+from .state.bindings import Algorithm
+from .state.store import assign
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """What the step functions read besides their array arguments, fixed at load time."""
+
+    graph: Graph  # ModelProto.graph
+    algorithms: tuple[Algorithm, ...]  # one per TrainingInfoProto
+    functions: Mapping[tuple[str, str], onnx.FunctionProto]  # model-local functions, by (domain, name)
+    main_static: Mapping[str, np.ndarray]  # the main graph's initializers that trace as constants
+    algorithm_static: tuple[Mapping[str, np.ndarray], ...]  # the same for each algorithm graph
+    # Applied to each new state inside a traced step so that it keeps the layout of the state it replaces
+    # (placement.py: a state split over devices stays split, and its donated buffers are reused).
+    keep_layout: Callable[[Mapping[str, Any]], dict[str, Any]] = field(default=dict)
+
+
+class StepResult(NamedTuple):
+    state: dict[str, Any]  # every state variable after the step
+    step: Any  # the step count after the step: advanced only if the step drew random numbers
+    outputs: dict[str, Any]  # the outputs of both graphs, except those update_binding assigns to state
+    draws: bool  # whether the step draws random numbers (a Python bool, known once traced)
+
+
+def scope(*initializers: Mapping[str, Any], feeds: Mapping[str, Any]) -> Scope:
+    """Initializers first, then feeds: a fed input overrides the initializer of the same name (its default)."""
+    values: dict[str, Any] = {}
+    for group in initializers:
+        values.update(group)
+    values.update(feeds)
+    return Scope(values)
+
+
+def infer(model: StepModel, state: Mapping[str, Any], consts: Mapping[str, Any], key: Any,
+          feeds: Mapping[str, Any]) -> dict[str, Any]:
+    """ModelProto.graph on `feeds`: {output name: value}."""
+    values = scope(model.main_static, consts, state, feeds=feeds)
+    run_nodes(model.graph.nodes, values, TraceContext(key, dict(model.functions)))
+    return {o.name: values[o.name] for o in model.graph.outputs}
+
+
+def train_step(model: StepModel, k: int, state: Mapping[str, Any], step: Any, consts: Mapping[str, Any],
+               k_consts: Mapping[str, Any], key: Any, feeds: Mapping[str, Any]) -> StepResult:
+    """ModelProto.graph followed by training_info[k].algorithm (the spec's combined graph), then the state as
+    update_binding assigns it. `step` (uint32) seeds the step's random streams: one step count, one stream."""
+    algorithm = model.algorithms[k]
+    values = scope(model.main_static, consts, model.algorithm_static[k], k_consts, state, feeds=feeds)
+    trace = TraceContext(jax.random.fold_in(key, step), dict(model.functions), training=True, step=step)
+    run_nodes(model.graph.nodes + algorithm.graph.nodes, values, trace)
+    # An output bound to state is the new state itself; returning it again would cost a copy per step.
+    bound = set(algorithm.update_binding.values())
+    outputs = {o.name: values[o.name] for o in model.graph.outputs + algorithm.graph.outputs if o.name not in bound}
+    new_state = assign(state, algorithm.update_binding, {n: values[n] for n in bound},
+                       f"training_info[{k}].update_binding")
+    # the count only seeds random streams: a step that draws none leaves it as it is (one kernel less)
+    draws = trace.draws.any
+    return StepResult(model.keep_layout(new_state), step + 1 if draws else step, outputs, draws)
+
+
+def init(model: StepModel, state: Mapping[str, Any], key: Any) -> dict[str, Any]:
+    """Every TrainingInfoProto.initialization in order, each assigning its initialization_binding; training_info[k]
+    draws from `key` folded with k."""
+    for algorithm in model.algorithms:
+        graph = algorithm.initialization
+        if graph is None:
+            continue
+        trace = TraceContext(jax.random.fold_in(key, algorithm.index), dict(model.functions))
+        values = dict(zip([o.name for o in graph.outputs], run_graph(graph, [], trace)))
+        state = assign(state, algorithm.initialization_binding, values,
+                       f"training_info[{algorithm.index}].initialization_binding")
+    return model.keep_layout(state)
