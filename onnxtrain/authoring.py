@@ -17,7 +17,6 @@ from .lower.registry import TRAINING_DOMAIN
 from .optimizers import LEARNING_RATE, OPTIMIZERS, STEP, add_update, check_update  # noqa: F401 (OPTIMIZERS, STEP: API)
 from .dtypes import TRAINING_FLOAT_TYPES
 from .parameters import running_statistics, select_trainable  # noqa: F401 (running_statistics: API)
-from .tensor_data import tensor_value
 from .train_mode import add_training_forward
 
 LOSSES = ("mse", "cross_entropy", "bce_logits")
@@ -218,7 +217,9 @@ def make_trainable(
         prediction, loss = add_training_forward(b, result, prediction, loss)
     inputs = add_loss(b, graph, loss, prediction, ignore_index, class_axis)
     params = select_trainable(result, trainable)
-    weights = {t.name: tensor_value(t) for t in graph.initializer}
+    # the update reads each weight's shape and dtype, never its values: zero-stride stand-ins, not a decoded copy
+    weights = {t.name: np.broadcast_to(np.zeros((), helper.tensor_dtype_to_np_dtype(t.data_type)), tuple(t.dims))
+               for t in graph.initializer}
     b.initializers.append(numpy_helper.from_array(np.asarray(learning_rate, np.float32), LEARNING_RATE))
     inputs.append(helper.make_tensor_value_info(LEARNING_RATE, TensorProto.FLOAT, []))
     add_update(b, params, weights, update)

@@ -12,6 +12,7 @@ so a step never donates buffers another call is using.
 
 from __future__ import annotations
 
+import functools
 import threading
 from pathlib import Path
 from types import MappingProxyType
@@ -25,7 +26,7 @@ import onnx
 from .cache import enable_compilation_cache
 from .dtypes import HOST_ONLY_DTYPES, is_float
 from .errors import StateError, StepError
-from .export import save_atomic, saved_step_count, with_initializers, with_state
+from .export import save_atomic, saved_step_count, stored_state, with_initializers, with_state
 from .feeds import FeedChecker, array_signature
 from .lower.folding import load_time_constants
 from .model import Graph, ModelSource, ValueInfo, build_graph, check_model, model_resolver, raise_if_missing
@@ -36,16 +37,12 @@ from . import steps
 from .state.bindings import Algorithm, parse_training_info, state_owners
 from .state.store import load_npz, save_npz
 
-def split_initializers(graph: Graph, state: set[str]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """(static, traced) non-state initializers: float weights are traced so they are not baked into the
-    executable; integer/bool/string constants are static so shape arithmetic on them folds, and so are the float
-    types XLA has no buffer for (HOST_ONLY_DTYPES: their ops compute on the host)."""
-    static, traced = {}, {}
-    for name, value in graph.initializers.items():
-        if name not in state:
-            device = is_float(value.dtype) and np.dtype(value.dtype) not in HOST_ONLY_DTYPES
-            (traced if device else static)[name] = value
-    return static, traced
+def on_device(name: str, value: np.ndarray, state: set[str]) -> bool:
+    """Whether an initializer lives on the device (traced) or stays a NumPy constant (static). State always
+    lives there; so do float weights, so they are not baked into the executable. Integer/bool/string constants
+    are static so shape arithmetic on them folds, and so are the float types XLA has no buffer for
+    (HOST_ONLY_DTYPES: their ops compute on the host)."""
+    return name in state or (is_float(value.dtype) and np.dtype(value.dtype) not in HOST_ONLY_DTYPES)
 
 
 def feed_lists(graphs: list[Graph]) -> tuple[list[ValueInfo], list[ValueInfo]]:
@@ -84,39 +81,46 @@ class Engine:
         self._step_behind = False
         self._draws: dict[int, bool] = {}  # algorithm -> whether its step draws random numbers (found by tracing)
         self._ran: set[tuple] = set()  # (algorithm, feed signature) that completed a step once
+        # How to rebuild the state exactly as it is without a copy of it, while no step has changed it since
+        # load, reset or init: then the first step of a new shape needs no safety copy (see train_step).
+        self._rebuild: Callable[[], None] | None = functools.partial(self._put_stored_state, self.step_count)
         self.lock = threading.RLock()
 
         self.state_owner = state_owners(self.graph, self.algorithms)
-        owned = set(self.state_owner)
-        self._initial_state = {
-            name: (self.graph if owner is None else self.algorithms[owner].graph).initializers[name]
-            for name, owner in self.state_owner.items()
-        }
-        self._main_static, main_traced = split_initializers(self.graph, owned)
-        split = [split_initializers(a.graph, owned) for a in self.algorithms]
-        self._algorithm_static = [s for s, _ in split]
-        self._placement = Placement(devices, shard_state)
-        with jax.enable_x64(True):
-            self._key = jax.random.key(seed)
-            self._main_consts = self._placement.put(main_traced)
-            self._algorithm_consts = [self._placement.put(t) for _, t in split]
-            self._state = self._placement.put(self._initial_state)
-            with tracing(matmul_precision, self._placement.platform):  # float constants: see lower/constants.py
-                hoisted = load_time_constants([self.graph, *(a.graph for a in self.algorithms)],
-                                              [self._main_static, *self._algorithm_static])
-            self._hoisted = [self._placement.put(h) for h in hoisted]  # main graph's, then each algorithm's
-
         self.required_inputs, self.optional_inputs = feed_lists([self.graph])
         self._infer_feeds = FeedChecker(self.required_inputs, self.optional_inputs)
         self._train_feeds = [FeedChecker(*feed_lists([self.graph, a.graph]), rows_required=True)
                              for a in self.algorithms]
         self._declared = {i.name: i for g in [self.graph] + [a.graph for a in self.algorithms] for i in g.inputs}
         self.matmul_precision = matmul_precision
+        self._placement = Placement(devices, shard_state)
+
+        # Each graph's device-resident initializers move from its `initializers` (NumPy, decoded by build_graph
+        # for this engine alone) to the device one at a time: the host never holds a second decoded copy of
+        # the weights, at load or after (`reset` decodes the initial state from `model` again). What stays in
+        # `initializers` is the static constants the traces read.
+        graphs = [self.graph, *(a.graph for a in self.algorithms)]
+        owned = set(self.state_owner)
+        moving = [[n for n, v in g.initializers.items() if on_device(n, v, owned)] for g in graphs]
+        placed = [{n: self._put(n, g.initializers.pop(n)) for n in names} for g, names in zip(graphs, moving)]
+        self._state = {n: placed[0 if owner is None else 1 + owner].pop(n) for n, owner in self.state_owner.items()}
+        self._main_consts, *self._algorithm_consts = placed
+        self._main_static, *self._algorithm_static = [g.initializers for g in graphs]
+        with jax.enable_x64(True):
+            self._key = jax.random.key(seed)
+            with tracing(matmul_precision, self._placement.platform):  # float constants: see lower/constants.py
+                hoisted = load_time_constants(graphs, [g.initializers for g in graphs])
+            self._hoisted = [self._placement.put(h) for h in hoisted]  # main graph's, then each algorithm's
+
         self._model = steps.StepModel(self.graph, tuple(self.algorithms), self.functions, self._main_static,
                                       tuple(self._algorithm_static), self._placement.keep_layout)
         self._infer = self._infer_program()
         self._train = [self._train_program(k) for k in range(len(self.algorithms))]
         self._init = self._init_program()
+
+    def _put(self, name: str, value: np.ndarray) -> jax.Array:
+        with jax.enable_x64(True):
+            return self._placement.put({name: value})[name]
 
     # ----- the pure functions (steps.py) as programs: compiled once per signature -----
 
@@ -211,15 +215,16 @@ class Engine:
 
         A step that fails while it runs raises StepError and leaves the state as it was, when it is the first
         step with its algorithm and feed shapes (a batch too large for the device's memory is a new shape):
-        that step runs on a copy of the state and is waited for. Later steps donate the state buffers and run
-        asynchronously; one that fails at run time (the device failing, memory taken by something else) loses
-        the state."""
+        that step is waited for, and runs on a copy of the state, unless no step has run since load, `reset`
+        or `init` (the state is then rebuilt as they made it: no copy of the weights is needed at the very
+        first step, where memory peaks). Later steps donate the state buffers and run asynchronously; one that
+        fails at run time (the device failing, memory taken by something else) loses the state."""
         checked = self._placement.feeds(self.check_feeds(feeds, algorithm), self._declared)
         signature = array_signature(checked)
         with self.lock:
             (state, step), *constants = self._train_arguments(algorithm)
             first = signature is None or (algorithm, signature) not in self._ran
-            if first:  # the copy is donated, so the state survives whatever the step meets at run time
+            if first and self._rebuild is None:  # the copy is donated: the state survives whatever the step meets
                 with jax.enable_x64(True):
                     state, step = jax.tree.map(jnp.copy, (state, step))
             try:
@@ -229,6 +234,9 @@ class Engine:
             except jax.errors.JaxRuntimeError as exc:
                 # said as it is: whether the buffers went with the step depends on the platform and the failure
                 lost = any(v.is_deleted() for v in self._state.values())
+                if lost and self._rebuild is not None:
+                    self._rebuild()
+                    lost = False
                 fate = "the state was donated to it and is lost" if lost else "the state is as before it"
                 raise StepError(
                     f"train step {self.step_count + 1} (algorithm {algorithm}) failed while running ({fate}): "
@@ -237,6 +245,7 @@ class Engine:
             if signature is not None:
                 self._ran.add((algorithm, signature))
             self._state, self._step = state, step
+            self._rebuild = None
             self._step_behind |= not self._draws[algorithm]
             self.step_count += 1
         return outputs
@@ -262,10 +271,14 @@ class Engine:
 
     def reset(self) -> None:
         """Every state variable back to its initializer value (the spec's pre-initialized state)."""
-        with self.lock, jax.enable_x64(True):
-            self._state = self._placement.put(self._initial_state)
-            self.step_count = 0
-            self._step = None
+        with self.lock:
+            self._put_stored_state(0)
+            self._rebuild = self.reset
+
+    def _put_stored_state(self, step_count: int) -> None:
+        self._state = {name: self._put(name, value) for name, value in stored_state(self.model, self.state_owner)}
+        self.step_count = step_count
+        self._step = None
 
     def init(self, seed: int | None = None) -> None:
         """Reset, then run every TrainingInfoProto.initialization in order and assign its bindings."""
@@ -274,6 +287,7 @@ class Engine:
             with jax.enable_x64(True):
                 key = jax.random.key(self.seed if seed is None else seed)
             self._state, _ = self._init(self._state, key, feeds={})
+            self._rebuild = functools.partial(self.init, seed)
 
     def jax_function(self) -> tuple[Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]], dict]:
         """`fn, params`: ModelProto.graph as a pure function `fn(params, feeds) -> {output: array}`, jittable
@@ -318,6 +332,7 @@ class Engine:
             self._state = {**self._state, **self._placement.put(values)}
             self.step_count = int(meta.get("step", 0))
             self._step = None
+            self._rebuild = None
 
     def export(self, path: str | Path, external_data: bool | None = None) -> None:
         """Write a copy of the model whose initializers hold the current state, atomically. External data

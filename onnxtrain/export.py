@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any, BinaryIO, Mapping
+from typing import Any, BinaryIO, Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -14,9 +14,10 @@ from onnx.external_data_helper import set_external_data
 
 from . import big_models
 from .atomic import TOKEN_HEX, new_token, remove_matching, replace_atomically, unlink_quietly, write_durably
-from .big_models import exceeds_protobuf_limit, initializer_graphs, lean_copy, weight_tensors
+from .big_models import PROTOBUF_LIMIT, exceeds_protobuf_limit, initializer_graphs, lean_copy, weight_tensors
 from .errors import ExportError, ModelLoadError
 from .placement import host_array
+from .tensor_data import sparse_to_dense, tensor_value
 
 STEP_METADATA_KEY = "onnxtrain.step"  # metadata_props key of an exported model's train step count
 DATA_ALIGNMENT = 64  # bytes; each tensor starts at a multiple of this in the data file
@@ -54,6 +55,21 @@ def with_state(
     if step:
         result.metadata_props.add(key=STEP_METADATA_KEY, value=str(step))
     return result
+
+
+def stored_state(model: onnx.ModelProto, state_owner: Mapping[str, int | None]) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, value) of each state variable as `model`'s initializers store it (the spec's pre-initialized
+    state), decoded one at a time so that a caller moving them to a device holds one decoded copy at most.
+    `state_owner` as for `with_state`."""
+    graphs = {None: model.graph, **{k: info.algorithm for k, info in enumerate(model.training_info)}}
+    tensors = {owner: {t.name: t for t in graph.initializer} for owner, graph in graphs.items()}
+    sparse = {owner: {t.values.name: t for t in graph.sparse_initializer} for owner, graph in graphs.items()}
+    for name, owner in state_owner.items():
+        label = f"initializer {name!r}"
+        if name in tensors[owner]:
+            yield name, tensor_value(tensors[owner][name], label)
+        else:
+            yield name, sparse_to_dense(sparse[owner][name], f"sparse {label}", max_bytes=PROTOBUF_LIMIT)
 
 
 def with_initializers(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx.ModelProto:

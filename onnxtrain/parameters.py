@@ -19,7 +19,7 @@ import onnx
 
 from .dtypes import TRAINING_FLOAT_TYPES
 from .errors import AuthoringError
-from .tensor_data import tensor_value
+from .tensor_data import DecodedOnRead, tensor_value
 
 
 # (op_type, input index) where a float tensor is a setting, never a parameter PyTorch trains
@@ -82,7 +82,8 @@ def constant_reason(value: np.ndarray, used: list[Use]) -> str | None:
         return f"read only as {', '.join(sorted({f'{op} input {i}' for op, i in used}))}"
     if value.ndim == 0 and used and all(op in ELEMENTWISE_OPS for op, _ in used):
         return "a 0-d operand of elementwise arithmetic"
-    if value.size and not np.all(np.abs(value.astype(np.float64)) < MASK_MAGNITUDE):
+    # two reductions, no temporary: a float64 copy of an embedding table once tripled make_trainable's peak memory
+    if value.size and not float(max(value.max(), -value.min())) < MASK_MAGNITUDE:  # a NaN fails too
         return "holds infinite or mask-fill values"
     if folded_mask(value, used):
         return "a uniform batch-shaped operand of Add/Where (a folded attention mask)"
@@ -170,7 +171,7 @@ def check_names(model: onnx.ModelProto, names: list[str]) -> None:
 def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> None:
     """Warn, once per kind, about chosen initializers the exporter merged, untied or broadcast."""
     used = uses(model.graph)
-    arrays = {t.name: tensor_value(t) for t in model.graph.initializer if t.name in set(chosen)}
+    arrays = DecodedOnRead({t.name: t for t in model.graph.initializer if t.name in set(chosen)})
     merged = [f"{n} (every element {a.flat[0]:g}, read by {len(used[n])} nodes)" for n, a in arrays.items()
               if a.size > 1 and len(used.get(n, [])) > 1 and np.all(a == a.flat[0])]
     if merged:

@@ -4,6 +4,7 @@ dims and type declare: a malformed tensor is a ModelLoadError naming it, never a
 from __future__ import annotations
 
 import math
+from typing import Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -123,3 +124,20 @@ def sparse_to_dense(sparse: onnx.SparseTensorProto, label: str, max_bytes: int) 
     dense = np.zeros(size, values.dtype)
     dense[flat] = values
     return dense.reshape(dims)
+
+
+class DecodedOnRead(Mapping[str, np.ndarray]):
+    """Tensors by name, each decoded when read and not kept: a check that visits every weight of a big model
+    holds one decoded weight at a time, not a second copy of the model."""
+
+    def __init__(self, tensors: Mapping[str, TensorProto]):
+        self.tensors = tensors
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return tensor_value(self.tensors[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)

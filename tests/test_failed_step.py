@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import numpy_helper
 
 import onnxtrain
@@ -26,7 +27,7 @@ from onnxtrain.errors import StepError
 engine = onnxtrain.load(sys.argv[1], seed=0)
 engine.init()
 small = {k: v[:8] for k, v in np.load(sys.argv[2]).items()}
-for _ in range(2):
+for _ in range(int(sys.argv[4])):
     engine.train_step(small)
 before = {n: np.array(v) for n, v in engine.state.items()}
 rows = 4_000_000  # each hidden activation of the batch: 4e6 x 32 float32 = 512 MB
@@ -46,25 +47,29 @@ print(json.dumps({"error": error, "unchanged": unchanged, "steps": engine.step_c
 """
 
 
-def test_an_out_of_memory_step_leaves_the_state_and_training_goes_on(tmp_path):
+# 2 steps before: the failing step runs on a copy of the state. None: no step has changed the state since init,
+# so the step runs on the state itself and the engine rebuilds it (init again) when the failure took it.
+@pytest.mark.parametrize("steps_before", [2, 0])
+def test_an_out_of_memory_step_leaves_the_state_and_training_goes_on(tmp_path, steps_before):
     out = tmp_path / "after.onnx"
     env = {"MALLOC_ARENA_MAX": "2", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(Path(onnxtrain.__file__).parents[1]),
            "ONNXTRAIN_CACHE_DIR": ""}
     result = subprocess.run([sys.executable, "-c", CHILD, EXAMPLE / "regression.onnx", EXAMPLE / "regression.npz",
-                             out], capture_output=True, text=True, timeout=300, env=env)
+                             out, str(steps_before)], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.splitlines()[-1])
     assert report["error"], report
-    assert "train step 3 (algorithm 0) failed while running (the state is as before it)" in report["error"]
+    failed = steps_before + 1
+    assert f"train step {failed} (algorithm 0) failed while running (the state is as before it)" in report["error"]
     assert "RESOURCE_EXHAUSTED" in report["error"]
-    assert report["unchanged"] and report["steps"] == 3
-    # the export after the failure holds the state after step 2, as a run without the failed step has it
+    assert report["unchanged"] and report["steps"] == failed
+    # the export after the failure holds the state before the failed step, as a run without it has it
     exported = onnx.load(out)
-    assert {p.key: p.value for p in exported.metadata_props}["onnxtrain.step"] == "2"
+    assert {p.key: p.value for p in exported.metadata_props}.get("onnxtrain.step", "0") == str(steps_before)
     reference = onnxtrain.load(EXAMPLE / "regression.onnx", seed=0)
     reference.init()
     small = {k: v[:8] for k, v in np.load(EXAMPLE / "regression.npz").items()}
-    for _ in range(2):
+    for _ in range(steps_before):
         reference.train_step(small)
     saved = {t.name: numpy_helper.to_array(t) for g in [exported.graph] + [i.algorithm for i in exported.training_info]
              for t in g.initializer}
