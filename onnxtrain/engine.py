@@ -27,6 +27,7 @@ from .dtypes import HOST_ONLY_DTYPES, is_float
 from .errors import StateError, StepError
 from .export import save_atomic, saved_step_count, with_initializers, with_state
 from .feeds import FeedChecker, array_signature
+from .lower.autocast import mixed_precision_of
 from .lower.folding import load_time_constants
 from .lower.walker import Scope, TraceContext, run_graph, run_nodes
 from .model import Graph, ModelSource, ValueInfo, build_graph, check_model, model_resolver, raise_if_missing
@@ -64,8 +65,10 @@ class Engine:
 
     def __init__(
         self, model: onnx.ModelProto, seed: int = 0, check: bool = True, devices: Sequence[jax.Device] | None = None,
-        matmul_precision: str = "highest", shard_state: bool = False,
+        matmul_precision: str = "highest", shard_state: bool = False, mixed_precision: str | None = None,
+        loss_scale: float | None = None,
     ):
+        self.mixed_precision = mixed_precision_of(mixed_precision, loss_scale)  # lower/autocast.py
         if check:
             check_model(model)
         self.model = model
@@ -130,7 +133,7 @@ class Engine:
 
     def _infer_body(self, state, consts, key, feeds, static_feeds):
         scope = self._scope(self._main_static, consts, state, feeds={**static_feeds, **feeds})
-        run_nodes(self.graph.nodes, scope, TraceContext(key, self.functions))
+        run_nodes(self.graph.nodes, scope, TraceContext(key, self.functions, mixed_precision=self.mixed_precision))
         return {}, {o.name: scope[o.name] for o in self.graph.outputs}
 
     def _train_program(self, algorithm: Algorithm) -> Program:
@@ -140,7 +143,8 @@ class Engine:
             state, step = carry
             scope = self._scope(self._main_static, consts, self._algorithm_static[algorithm.index], algorithm_consts,
                                 state, feeds={**static_feeds, **feeds})
-            trace = TraceContext(jax.random.fold_in(key, step), self.functions, training=True, step=step)
+            trace = TraceContext(jax.random.fold_in(key, step), self.functions, training=True, step=step,
+                                 mixed_precision=self.mixed_precision)
             run_nodes(nodes, scope, trace)
             self._draws[algorithm.index] = trace.draws.any
             # An output bound to state is the new state itself; returning it again would cost a copy per step.
@@ -161,7 +165,8 @@ class Engine:
             if algorithm.initialization is None:
                 continue
             graph = algorithm.initialization
-            trace = TraceContext(jax.random.fold_in(key, algorithm.index), self.functions)
+            trace = TraceContext(jax.random.fold_in(key, algorithm.index), self.functions,
+                                 mixed_precision=self.mixed_precision)
             values = dict(zip([o.name for o in graph.outputs], run_graph(graph, [], trace)))
             where = f"training_info[{algorithm.index}].initialization_binding"
             state = assign(state, algorithm.initialization_binding, values, where)
@@ -355,7 +360,8 @@ class Engine:
 
 def load(
     source: ModelSource, seed: int = 0, check: bool = True, devices: Sequence[jax.Device] | None = None,
-    matmul_precision: str = "highest", shard_state: bool = False,
+    matmul_precision: str = "highest", shard_state: bool = False, mixed_precision: str | None = None,
+    loss_scale: float | None = None,
 ) -> Engine:
     """Read an ONNX model (path, bytes or ModelProto), validate it and bind every node to its lowering.
 
@@ -364,11 +370,15 @@ def load(
     and float weight along its longest axis the device count divides instead of replicating it (FSDP-style: a
     device holds 1/n of the weights and optimizer moments; XLA gathers them where a step needs them).
     `matmul_precision`: "highest" computes float32 matrix products in full float32 as ONNX specifies; "default"
-    lets a GPU use TF32 (faster, ~1e-3 relative error)."""
+    lets a GPU use TF32 (faster, ~1e-3 relative error).
+    `mixed_precision`: "bfloat16" or "float16" computes the float32 matrix products (MatMul, Gemm, Einsum, Conv,
+    ConvTranspose, Attention) in that type with float32 accumulation, as torch.autocast does; weights, gradients
+    and optimizer state stay float32. `loss_scale` (float16 only, default 2**12): the static factor the backward
+    pass is seeded with so float16 gradients do not underflow (onnxtrain/lower/autocast.py)."""
     enable_compilation_cache()
     model, _folder = read_model(source)
     return Engine(model, seed=seed, check=check, devices=devices, matmul_precision=matmul_precision,
-                  shard_state=shard_state)
+                  shard_state=shard_state, mixed_precision=mixed_precision, loss_scale=loss_scale)
 
 
 
