@@ -70,6 +70,22 @@ def test_products_compute_on_bfloat16_operands_with_float32_accumulation(index):
     assert np.max(np.abs(full - y)) > 1e-3  # bfloat16's rounding (2**-9 relative) shows at this size
 
 
+def test_attention_rounds_both_products_operands_and_keeps_its_softmax_float32():
+    """NumPy: scores of the bfloat16-rounded Q and K, a float32 softmax, its probabilities rounded to bfloat16
+    times the rounded V."""
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.normal(size=(1, 2, 5, 16)).astype(np.float32) for _ in range(3))
+    graph = helper.make_graph([helper.make_node("Attention", ["Q", "K", "V"], ["Y"])], "attention",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, 5, 16]) for n in "QKV"],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 2, 5, 16])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    y = np.asarray(onnxtrain.load(model, mixed_precision="bfloat16").infer({"Q": q, "K": k, "V": v})["Y"])
+    scores = rounded(q).astype(np.float64) @ np.swapaxes(rounded(k), -1, -2) / np.sqrt(16)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs = (probs / probs.sum(-1, keepdims=True)).astype(np.float32)
+    np.testing.assert_allclose(y, rounded(probs).astype(np.float64) @ rounded(v), rtol=1e-4, atol=1e-4)
+
+
 def test_other_float_types_are_left_alone():
     """A float64 product is not autocast: float32 only, as torch.autocast."""
     rng = np.random.default_rng(0)
