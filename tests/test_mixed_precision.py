@@ -86,8 +86,8 @@ def test_attention_rounds_both_products_operands_and_keeps_its_softmax_float32()
     np.testing.assert_allclose(y, rounded(probs).astype(np.float64) @ rounded(v), rtol=1e-4, atol=1e-4)
 
 
-def test_other_float_types_are_left_alone():
-    """A float64 product is not autocast: float32 only, as torch.autocast."""
+def test_float64_products_and_one_operand_einsums_are_left_alone():
+    """Only float32 products are autocast (as torch.autocast); a one-operand Einsum is a reduction, float32."""
     rng = np.random.default_rng(0)
     x, w = rng.normal(size=(3, 64)), rng.normal(size=(64, 5))
     graph = helper.make_graph([helper.make_node("MatMul", ["X", "W"], ["Y"])], "f64",
@@ -97,6 +97,10 @@ def test_other_float_types_are_left_alone():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     y = onnxtrain.load(model, mixed_precision="bfloat16").infer({"X": x})["Y"]
     np.testing.assert_allclose(np.asarray(y), x @ w, rtol=1e-12)
+    x32 = x.astype(np.float32)
+    model = product_model(helper.make_node("Einsum", ["X"], ["Y"], equation="ij->i"), [3, 64], {}, [3])
+    y = onnxtrain.load(model, mixed_precision="bfloat16").infer({"X": x32})["Y"]
+    np.testing.assert_allclose(np.asarray(y), x32.astype(np.float64).sum(1), rtol=1e-5)
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,8 @@ def matmul_integer(a: Array, b: Array, a_zero_point: Array | None = None, b_zero
 
 
 def einsum(*inputs: Array, equation: str) -> Array:
-    inputs, accumulate = low_precision(*inputs)
+    # one operand is a transposition or a reduction, not a product: float32 as the other reductions
+    inputs, accumulate = low_precision(*inputs) if len(inputs) > 1 else (inputs, None)
     return jnp.einsum(explicit_equation(equation, [jnp.ndim(x) for x in inputs]), *inputs,
                       preferred_element_type=accumulate)
 
