@@ -33,8 +33,8 @@ from ..errors import OptionError
 from .values import is_static
 
 COMPUTE_DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16}
-# float16's default: a loss of order 1 times 2**12 keeps the products' gradients of a small network above
-# float16's smallest subnormal (6e-8) down to gradients of 1e-11, and its largest ones far below 65504.
+# float16's default: scaled by 2**12, a product operand's gradient stays above float16's smallest subnormal (6e-8)
+# down to 1.5e-11 and finite up to 16 (65504 / 2**12), a range that covers a loss of order 1's gradients.
 DEFAULT_LOSS_SCALE = 2.0**12
 
 
