@@ -1,20 +1,23 @@
 """Real-size models: onnxtrain against PyTorch eager on BERT-base, GPT-2, T5-small, ResNet-18, MobileNetV3-small.
 
     python benchmarks/realsize.py [--models bert-base,gpt2,...] [--batch 2] [--steps 10] [--exporter dynamo]
-                                  [--quick] [--write]
+                                  [--mixed-precision bfloat16|float16] [--quick] [--write]
 
 Each model (benchmarks/realsize_models.py, random weights) is exported once by `torch.onnx.export` (`--exporter
 dynamo`, PyTorch's default, or `torchscript`) into benchmarks/.realsize/ and reused by later runs. onnxtrain
 trains it with `make_trainable(loss="cross_entropy", optimizer="sgd", trainable=<the module's parameter names>)`,
 PyTorch with `cross_entropy`, `backward` and `torch.optim.SGD` on the same module. The train step and inference
 are timed in this process in rounds alternating between the two; the first train step (cold, and with a warm
-persistent compilation cache) and the peak resident memory in a fresh process per peer. `--write` puts the table
-into benchmarks/README.md between its realsize markers.
+persistent compilation cache) and the peak resident memory in a fresh process per peer. `--mixed-precision`
+adds a train step and a peak memory row per model in that type: onnxtrain's `load(mixed_precision=...)` against
+PyTorch's step under `torch.autocast("cpu", dtype)`. `--write` puts the table into benchmarks/README.md between
+its realsize markers.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -62,9 +65,11 @@ def feeds(name: str, batch: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
     return inputs, rng.integers(0, case.classes, batch).astype(np.int64)
 
 
-def onnxtrain_peer(name: str, exporter: str, batch: int) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    """(train step, infer) of onnxtrain on the export; trains exactly the module's named parameters where the
-    export kept their names (the dynamo exporter does), else make_trainable's default set."""
+def onnxtrain_peer(name: str, exporter: str, batch: int,
+                   mixed: str | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(train step, infer) of onnxtrain on the export, its products in `mixed` precision if given; trains
+    exactly the module's named parameters where the export kept their names (the dynamo exporter does), else
+    make_trainable's default set."""
     import jax
     import onnx
 
@@ -79,7 +84,8 @@ def onnxtrain_peer(name: str, exporter: str, batch: int) -> tuple[Callable[[], A
               f"{exporter} exporter; onnxtrain trains make_trainable's default set", flush=True)
         trainable = None
     engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="cross_entropy", optimizer="sgd",
-                                                     learning_rate=LR, trainable=trainable))
+                                                     learning_rate=LR, trainable=trainable),
+                            mixed_precision=mixed)
     inputs, labels = feeds(name, batch)
     with jax.enable_x64(True):  # int64 token ids and labels stay int64 on the device
         device = {k: jax.device_put(v) for k, v in {**inputs, "target": labels}.items()}
@@ -88,15 +94,19 @@ def onnxtrain_peer(name: str, exporter: str, batch: int) -> tuple[Callable[[], A
             lambda: jax.block_until_ready(engine.infer(infer_feeds)))
 
 
-def torch_peer(name: str, batch: int) -> tuple[Callable[[], Any], Callable[[], Any]]:
+def torch_peer(name: str, batch: int, mixed: str | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(train step, infer) of PyTorch eager; with `mixed`, the forward and loss under torch.autocast (its CPU
+    rule: the products in that type, float32 parameters and optimizer)."""
     module = build(name)
+    autocast = torch.autocast("cpu", dtype=getattr(torch, mixed)) if mixed else contextlib.nullcontext()
     optimizer = torch.optim.SGD(module.parameters(), lr=LR)
     inputs, labels = feeds(name, batch)
     args, target = [torch.from_numpy(v) for v in inputs.values()], torch.from_numpy(labels)
 
     def train() -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(module(*args), target)
+        with autocast:
+            loss = torch.nn.functional.cross_entropy(module(*args), target)
         loss.backward()
         optimizer.step()
         return loss
@@ -108,8 +118,9 @@ def torch_peer(name: str, batch: int) -> tuple[Callable[[], Any], Callable[[], A
     return train, infer
 
 
-def peer(name: str, which: str, exporter: str, batch: int) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    return onnxtrain_peer(name, exporter, batch) if which == "onnxtrain" else torch_peer(name, batch)
+def peer(name: str, which: str, exporter: str, batch: int,
+         mixed: str | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    return onnxtrain_peer(name, exporter, batch, mixed) if which == "onnxtrain" else torch_peer(name, batch, mixed)
 
 
 def rss_kib(key: str) -> int:
@@ -119,12 +130,12 @@ def rss_kib(key: str) -> int:
     raise KeyError(key)
 
 
-def child(spec: str, exporter: str, batch: int, steps: int) -> None:
+def child(spec: str, exporter: str, batch: int, steps: int, mixed: str | None) -> None:
     """Prints {"first": s, "peak": bytes, "settled": bytes}: one peer's first train step (trace, compile and run
     for onnxtrain; the first eager step for PyTorch), its process's peak RSS over building the model and `steps`
     train steps, and the RSS after them."""
     name, which = spec.split(":")
-    train, _ = peer(name, which, exporter, batch)
+    train, _ = peer(name, which, exporter, batch, mixed)
     start = time.perf_counter()
     train()
     first = time.perf_counter() - start
@@ -133,10 +144,11 @@ def child(spec: str, exporter: str, batch: int, steps: int) -> None:
     print(json.dumps({"first": first, "peak": rss_kib("VmHWM") * 1024, "settled": rss_kib("VmRSS") * 1024}))
 
 
-def fresh(name: str, which: str, exporter: str, batch: int, steps: int, cache: str) -> dict[str, float]:
+def fresh(name: str, which: str, exporter: str, batch: int, steps: int, cache: str,
+          mixed: str | None = None) -> dict[str, float]:
     """`child` in a new process; `cache` is ONNXTRAIN_CACHE_DIR ("" disables the persistent cache)."""
     command = [sys.executable, __file__, "--child", f"{name}:{which}", "--exporter", exporter, "--batch", str(batch),
-               "--steps", str(steps)]
+               "--steps", str(steps)] + (["--mixed-precision", mixed] if mixed else [])
     env = {**os.environ, **MALLOC_ENV, "ONNXTRAIN_CACHE_DIR": cache}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
@@ -158,15 +170,19 @@ def median_times(calls: dict[str, Callable[[], Any]], steps: int, rounds: int) -
     return {k: float(np.median(v)) for k, v in times.items()}
 
 
-def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int) -> list[tuple[str, str, float, float]]:
+def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int,
+               mixed: str | None = None) -> list[tuple[str, str, float, float]]:
     exported(name, exporter)
     train_ot, infer_ot = onnxtrain_peer(name, exporter, batch)
     train_pt, infer_pt = torch_peer(name, batch)
-    for call in (train_ot, infer_ot, train_pt, infer_pt):
+    calls = {"train onnxtrain": train_ot, "train torch": train_pt, "infer onnxtrain": infer_ot, "infer torch": infer_pt}
+    if mixed:  # timed in the same alternating rounds as the float32 peers
+        calls["mixed onnxtrain"] = onnxtrain_peer(name, exporter, batch, mixed)[0]
+        calls["mixed torch"] = torch_peer(name, batch, mixed)[0]
+    for call in calls.values():
         call()  # compiles onnxtrain's programs; PyTorch's first eager calls
-    median = median_times({"train onnxtrain": train_ot, "train torch": train_pt, "infer onnxtrain": infer_ot,
-                           "infer torch": infer_pt}, steps, rounds)
-    del train_ot, infer_ot, train_pt, infer_pt
+    median = median_times(calls, steps, rounds)
+    del calls, train_ot, infer_ot, train_pt, infer_pt
     memory_steps = 3
     with tempfile.TemporaryDirectory() as cache:
         cold = fresh(name, "onnxtrain", exporter, batch, memory_steps, "")
@@ -174,13 +190,21 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int) ->
         warm = fresh(name, "onnxtrain", exporter, batch, 0, cache)
     torch_child = fresh(name, "torch", exporter, batch, memory_steps, "")
     mb = 2**20
-    return [
+    rows = [
         (name, "train step (ms)", median["train onnxtrain"] * 1e3, median["train torch"] * 1e3),
         (name, "infer (ms)", median["infer onnxtrain"] * 1e3, median["infer torch"] * 1e3),
         (name, "first train step, cold (s)", cold["first"], torch_child["first"]),
         (name, "first train step, warm cache (s)", warm["first"], torch_child["first"]),
         (name, "peak RSS (MB)", cold["peak"] / mb, torch_child["peak"] / mb),
     ]
+    if mixed:
+        ours = fresh(name, "onnxtrain", exporter, batch, memory_steps, "", mixed)
+        theirs = fresh(name, "torch", exporter, batch, memory_steps, "", mixed)
+        rows += [
+            (name, f"train step, {mixed} (ms)", median["mixed onnxtrain"] * 1e3, median["mixed torch"] * 1e3),
+            (name, f"peak RSS, {mixed} (MB)", ours["peak"] / mb, theirs["peak"] / mb),
+        ]
+    return rows
 
 
 def table(rows: list[tuple[str, str, float, float]]) -> str:
@@ -205,12 +229,14 @@ def main(argv: list[str]) -> None:
     args.add_argument("--batch", type=int, default=2)
     args.add_argument("--steps", type=int, help="timed calls per peer and measurement (default 10, --quick 2)")
     args.add_argument("--exporter", choices=("dynamo", "torchscript"), default="dynamo")
+    args.add_argument("--mixed-precision", choices=("bfloat16", "float16"),
+                      help="also a train step and a peak memory row per model in this type (torch: autocast)")
     args.add_argument("--quick", action="store_true", help="a smoke run: few steps, numbers not meaningful")
     args.add_argument("--write", action="store_true", help="update the realsize table in benchmarks/README.md")
     args.add_argument("--child", help=argparse.SUPPRESS)  # MODEL:PEER, run by `fresh`
     opts = args.parse_args(argv)
     if opts.child:
-        child(opts.child, opts.exporter, opts.batch, opts.steps)
+        child(opts.child, opts.exporter, opts.batch, opts.steps, opts.mixed_precision)
         return
     unknown = set(opts.models.split(",")) - set(CASES)
     if unknown:
@@ -221,7 +247,7 @@ def main(argv: list[str]) -> None:
     rows = []
     for name in opts.models.split(","):
         print(f"# measuring {name} ...", flush=True)
-        rows += model_rows(name, opts.exporter, opts.batch, steps, rounds)
+        rows += model_rows(name, opts.exporter, opts.batch, steps, rounds, opts.mixed_precision)
     text = (f"Measured {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, torch {torch.__version__}, "
             f"{opts.exporter} export, batch {opts.batch}, median of {steps} calls per peer in {rounds} alternating "
             f"rounds; load average at start {', '.join(f'{v:.2f}' for v in load)}.\n\n"

@@ -204,7 +204,10 @@ def make_trainable(
     train steps from the mean of their gradients, as a big batch of those k (equal-sized) micro-batches; the
     rate fed with the k-th is the one used. `train_mode=True` trains as PyTorch's `module.train()`: batch
     statistics and running-statistics updates in BatchNormalization, Dropout dropping, while the inference graph
-    stays in eval mode (onnxtrain/train_mode.py)."""
+    stays in eval mode (onnxtrain/train_mode.py).
+
+    Mixed precision is not a make_trainable option: it is how a runtime computes the graph, not part of it, so
+    the model stays plain float32 ONNX; choose it when running: `load(model, mixed_precision="bfloat16")`."""
     update = check_update(optimizer, dict(optimizer_options), weight_decay, no_decay, clip_grad_norm, accumulate)
     if not (isinstance(learning_rate, (int, float)) and math.isfinite(learning_rate) and learning_rate >= 0):
         raise AuthoringError(f"learning_rate must be a finite number >= 0, got {learning_rate!r}")

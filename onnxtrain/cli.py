@@ -15,6 +15,7 @@ from .dtypes import type_name
 from .engine import load
 from .errors import DivergenceError, OnnxTrainError, StepError
 from .export import save_atomic
+from .lower.autocast import COMPUTE_DTYPES
 from .loop import array_batches, fit
 from .model import read_model
 
@@ -88,7 +89,7 @@ def devices(count: int | None) -> list | None:
 def cmd_infer(args: argparse.Namespace) -> None:
     if args.output_dir and not Path(args.output_dir).is_dir():
         raise OnnxTrainError(f"--output-dir {args.output_dir!r} is not an existing folder")
-    engine = load(args.model, devices=devices(args.devices))
+    engine = load(args.model, devices=devices(args.devices), mixed_precision=args.mixed_precision)
     outputs = engine.infer(parse_inputs(args.input))
     for name, value in outputs.items():
         array = np.asarray(value)
@@ -100,7 +101,8 @@ def cmd_infer(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     if args.shard_state and (args.devices or 1) < 2:
         raise OnnxTrainError("--shard-state splits the state over several devices: give --devices N with N > 1")
-    engine = load(args.model, seed=args.seed, devices=devices(args.devices), shard_state=args.shard_state)
+    engine = load(args.model, seed=args.seed, devices=devices(args.devices), shard_state=args.shard_state,
+                  mixed_precision=args.mixed_precision, loss_scale=args.loss_scale)
     if engine.batch_sharding is not None:
         split = any(not v.sharding.is_fully_replicated for v in engine.state.values())
         print(f"data parallel over {args.devices} devices; state {'split' if split else 'replicated'}")
@@ -143,6 +145,8 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 
 DEVICES_HELP = "data parallel over the first N devices: each batch split between them"
+MIXED_PRECISION_HELP = ("compute the float32 matrix products in this type with float32 accumulation; weights, "
+                        "gradients and optimizer state stay float32")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -156,6 +160,7 @@ def parser() -> argparse.ArgumentParser:
     infer.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     infer.add_argument("--output-dir", help="also save each output as NAME.npy there")
     infer.add_argument("--devices", type=int, help=DEVICES_HELP)
+    infer.add_argument("--mixed-precision", choices=sorted(COMPUTE_DTYPES), help=MIXED_PRECISION_HELP)
     infer.set_defaults(run=cmd_infer)
     train = sub.add_parser("train", help="train a model that carries TrainingInfoProto")
     train.add_argument("model")
@@ -170,6 +175,9 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--devices", type=int, help=DEVICES_HELP)
     train.add_argument("--shard-state", action="store_true",
                        help="with --devices: split the weights and optimizer state over the devices")
+    train.add_argument("--mixed-precision", choices=sorted(COMPUTE_DTYPES), help=MIXED_PRECISION_HELP)
+    train.add_argument("--loss-scale", type=float, help="with --mixed-precision float16: the static loss scale "
+                       "(default 4096)")
     train.set_defaults(run=cmd_train)
     author = sub.add_parser("make-trainable", help="add a TrainingInfoProto (loss, Gradient, optimizer)")
     author.add_argument("model")

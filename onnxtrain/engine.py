@@ -28,6 +28,7 @@ from .dtypes import HOST_ONLY_DTYPES, is_float
 from .errors import StateError, StepError
 from .export import save_atomic, saved_step_count, stored_state, with_initializers, with_state
 from .feeds import FeedChecker, array_signature
+from .lower.autocast import mixed_precision_of
 from .lower.folding import load_time_constants
 from .model import Graph, ModelSource, ValueInfo, build_graph, check_model, model_resolver, raise_if_missing
 from .model import read_model
@@ -61,8 +62,10 @@ class Engine:
 
     def __init__(
         self, model: onnx.ModelProto, seed: int = 0, check: bool = True, devices: Sequence[jax.Device] | None = None,
-        matmul_precision: str = "highest", shard_state: bool = False,
+        matmul_precision: str = "highest", shard_state: bool = False, mixed_precision: str | None = None,
+        loss_scale: float | None = None,
     ):
+        self.mixed_precision = mixed_precision_of(mixed_precision, loss_scale)  # lower/autocast.py
         if check:
             check_model(model)
         self.model = model
@@ -113,7 +116,8 @@ class Engine:
             self._hoisted = [self._placement.put(h) for h in hoisted]  # main graph's, then each algorithm's
 
         self._model = steps.StepModel(self.graph, tuple(self.algorithms), self.functions, self._main_static,
-                                      tuple(self._algorithm_static), self._placement.keep_layout)
+                                      tuple(self._algorithm_static), self._placement.keep_layout,
+                                      self.mixed_precision)
         self._infer = self._infer_program()
         self._train = [self._train_program(k) for k in range(len(self.algorithms))]
         self._init = self._init_program()
@@ -345,7 +349,8 @@ class Engine:
 
 def load(
     source: ModelSource, seed: int = 0, check: bool = True, devices: Sequence[jax.Device] | None = None,
-    matmul_precision: str = "highest", shard_state: bool = False,
+    matmul_precision: str = "highest", shard_state: bool = False, mixed_precision: str | None = None,
+    loss_scale: float | None = None,
 ) -> Engine:
     """Read an ONNX model (path, bytes or ModelProto), validate it and bind every node to its lowering.
 
@@ -354,11 +359,15 @@ def load(
     and float weight along its longest axis the device count divides instead of replicating it (FSDP-style: a
     device holds 1/n of the weights and optimizer moments; XLA gathers them where a step needs them).
     `matmul_precision`: "highest" computes float32 matrix products in full float32 as ONNX specifies; "default"
-    lets a GPU use TF32 (faster, ~1e-3 relative error)."""
+    lets a GPU use TF32 (faster, ~1e-3 relative error).
+    `mixed_precision`: "bfloat16" or "float16" computes the float32 matrix products (MatMul, Gemm, Einsum, Conv,
+    ConvTranspose, Attention) in that type with float32 accumulation, as torch.autocast does; weights, gradients
+    and optimizer state stay float32. `loss_scale` (float16 only, default 2**12): the static factor the backward
+    pass is seeded with so float16 gradients do not underflow (onnxtrain/lower/autocast.py)."""
     enable_compilation_cache()
     model, _folder = read_model(source)
     return Engine(model, seed=seed, check=check, devices=devices, matmul_precision=matmul_precision,
-                  shard_state=shard_state)
+                  shard_state=shard_state, mixed_precision=mixed_precision, loss_scale=loss_scale)
 
 
 

@@ -71,3 +71,7 @@ class StepError(OnnxTrainError):
 
 class DivergenceError(OnnxTrainError):
     """Training diverged: the loss (or a state variable) became NaN or infinite."""
+
+
+class OptionError(OnnxTrainError):
+    """An option of load / Engine or the command line has a value it does not accept (named with the allowed ones)."""

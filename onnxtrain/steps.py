@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 
 from .ir import Graph
+from .lower.autocast import MixedPrecision
 from .lower.walker import Scope, TraceContext, run_graph, run_nodes
 from .state.bindings import Algorithm
 from .state.store import assign
@@ -42,6 +43,7 @@ class StepModel:
     # Applied to each new state inside a traced step so that it keeps the layout of the state it replaces
     # (placement.py: a state split over devices stays split, and its donated buffers are reused).
     keep_layout: Callable[[Mapping[str, Any]], dict[str, Any]] = field(default=dict)
+    mixed_precision: MixedPrecision | None = None  # products in a low type (lower/autocast.py); None: as declared
 
 
 class StepResult(NamedTuple):
@@ -64,7 +66,8 @@ def infer(model: StepModel, state: Mapping[str, Any], consts: Mapping[str, Any],
           feeds: Mapping[str, Any]) -> dict[str, Any]:
     """ModelProto.graph on `feeds`: {output name: value}."""
     values = scope(model.main_static, consts, state, feeds=feeds)
-    run_nodes(model.graph.nodes, values, TraceContext(key, dict(model.functions)))
+    trace = TraceContext(key, dict(model.functions), mixed_precision=model.mixed_precision)
+    run_nodes(model.graph.nodes, values, trace)
     return {o.name: values[o.name] for o in model.graph.outputs}
 
 
@@ -74,7 +77,8 @@ def train_step(model: StepModel, k: int, state: Mapping[str, Any], step: Any, co
     update_binding assigns it. `step` (uint32) seeds the step's random streams: one step count, one stream."""
     algorithm = model.algorithms[k]
     values = scope(model.main_static, consts, model.algorithm_static[k], k_consts, state, feeds=feeds)
-    trace = TraceContext(jax.random.fold_in(key, step), dict(model.functions), training=True, step=step)
+    trace = TraceContext(jax.random.fold_in(key, step), dict(model.functions), training=True, step=step,
+                         mixed_precision=model.mixed_precision)
     run_nodes(model.graph.nodes + algorithm.graph.nodes, values, trace)
     # An output bound to state is the new state itself; returning it again would cost a copy per step.
     bound = set(algorithm.update_binding.values())
@@ -93,7 +97,8 @@ def init(model: StepModel, state: Mapping[str, Any], key: Any) -> dict[str, Any]
         graph = algorithm.initialization
         if graph is None:
             continue
-        trace = TraceContext(jax.random.fold_in(key, algorithm.index), dict(model.functions))
+        trace = TraceContext(jax.random.fold_in(key, algorithm.index), dict(model.functions),
+                             mixed_precision=model.mixed_precision)
         values = dict(zip([o.name for o in graph.outputs], run_graph(graph, [], trace)))
         state = assign(state, algorithm.initialization_binding, values,
                        f"training_info[{algorithm.index}].initialization_binding")

@@ -16,6 +16,7 @@ from ..dtypes import onnx_type
 from ..errors import NodeError, OnnxTrainError, StaticValueRequired
 from ..ir import Graph, Node
 from . import layout
+from .autocast import MixedPrecision, autocasting
 from .layout import channels_first, channels_first_results
 from .constants import hoisting, with_hoisted
 from .registry import schema_for
@@ -71,6 +72,7 @@ class TraceContext:
     step: Any = None  # the train step count (traced) inside train_step, else None
     iterations: tuple = ()  # the (traced) iteration of each enclosing loop, outermost first
     draws: Draws = field(default_factory=Draws)
+    mixed_precision: MixedPrecision | None = None  # load's option: the products' compute type (lower/autocast.py)
 
 
 @dataclass
@@ -135,8 +137,9 @@ def read_value(scope: Scope, name: str, what: str, raw: bool = False) -> Value:
 
 
 def run_nodes(nodes: Sequence["Node"], scope: Scope, trace: TraceContext) -> None:
-    for position, node in enumerate(nodes):
-        run_node(node, scope, trace, nodes, position)
+    with autocasting(trace.mixed_precision):  # the product lowerings read it without the node's context
+        for position, node in enumerate(nodes):
+            run_node(node, scope, trace, nodes, position)
 
 
 def run_node(node: "Node", scope: Scope, trace: TraceContext, siblings: Sequence["Node"], position: int) -> None:

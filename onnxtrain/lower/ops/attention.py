@@ -15,6 +15,7 @@ import numpy as np
 from jax import lax
 
 from ...dtypes import np_dtype
+from ..autocast import low_precision
 from ..registry import op, versions
 
 PREVIEW_DOMAIN = "ai.onnx.preview"
@@ -50,7 +51,9 @@ def grouped_scores(q, k):
     batch, q_heads, q_len, size = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
     grouped = jnp.reshape(q, (batch, kv_heads, head_groups(q_heads, kv_heads), q_len, size))
-    return jnp.reshape(jnp.einsum("bhgqd,bhkd->bhgqk", grouped, k), (batch, q_heads, q_len, kv_len))
+    (grouped, k), accumulate = low_precision(grouped, k)
+    scores = jnp.einsum("bhgqd,bhkd->bhgqk", grouped, k, preferred_element_type=accumulate)
+    return jnp.reshape(scores, (batch, q_heads, q_len, kv_len))
 
 
 def grouped_values(probs, v):
@@ -58,7 +61,9 @@ def grouped_values(probs, v):
     batch, q_heads, q_len, kv_len = probs.shape
     kv_heads = v.shape[1]
     grouped = jnp.reshape(probs, (batch, kv_heads, head_groups(q_heads, kv_heads), q_len, kv_len))
-    return jnp.reshape(jnp.einsum("bhgqk,bhkd->bhgqd", grouped, v), (batch, q_heads, q_len, v.shape[-1]))
+    (grouped, v), accumulate = low_precision(grouped, v)
+    values = jnp.einsum("bhgqk,bhkd->bhgqd", grouped, v, preferred_element_type=accumulate)
+    return jnp.reshape(values, (batch, q_heads, q_len, v.shape[-1]))
 
 
 # --- Attention -----------------------------------------------------------------------------------------------

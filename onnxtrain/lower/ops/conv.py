@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..autocast import low_precision
 from ..layout import CHANNELS_LAST, ChannelsLast, Grid, channels_first, channels_last, strided
 from ..registry import op, versions
 from ..sampling import gather_taps, linear_taps
@@ -69,6 +70,8 @@ def convolve(
             return biased(shallow_convolution(x, w, geometry, grid))
 
         return ChannelsLast(at(None), at)
+    if accumulate is None:  # a shallow one (above) is elementwise arithmetic: float32, as the other such ops
+        (x, w), accumulate = low_precision(x, w)
     return ChannelsLast(biased(xla_convolution(x, w, geometry, input_dilation, accumulate)))
 
 

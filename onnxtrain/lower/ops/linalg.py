@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from ..autocast import low_precision
 from ..registry import register
 from ..values import Array
 
 
 def matmul(a: Array, b: Array) -> Array:
     """NumPy matmul semantics (1-D operands promoted and squeezed, batch dims broadcast)."""
+    (a, b), accumulate = low_precision(a, b)
     if jnp.ndim(a) > 2 and jnp.ndim(b) == 2:
         # Activations [..., K] times a weight [K, N] as one 2-D product: XLA-CPU otherwise lowers the weight
         # gradient of the batched form to many small dots plus a transposed copy (~10% of a transformer step).
-        return jnp.reshape(jnp.matmul(jnp.reshape(a, (-1, a.shape[-1])), b), (*a.shape[:-1], b.shape[-1]))
-    return jnp.matmul(a, b)
+        flat = jnp.matmul(jnp.reshape(a, (-1, a.shape[-1])), b, preferred_element_type=accumulate)
+        return jnp.reshape(flat, (*a.shape[:-1], b.shape[-1]))
+    return jnp.matmul(a, b, preferred_element_type=accumulate)
 
 
 def gemm(
@@ -29,7 +32,7 @@ def gemm(
     broadcast: int = 0,  # Gemm-1/6 only: C always broadcasts (unidirectionally) here, as from Gemm-7 on
 ) -> Array:
     dtype = jnp.result_type(a)
-    y = jnp.matmul(jnp.transpose(a) if transA else a, jnp.transpose(b) if transB else b)
+    y = matmul(jnp.transpose(a) if transA else a, jnp.transpose(b) if transB else b)
     if alpha != 1:
         y = y * alpha
     if c is not None and beta != 0:  # as BLAS: with beta = 0, C is not read (its NaNs do not leak in)
@@ -51,7 +54,10 @@ def matmul_integer(a: Array, b: Array, a_zero_point: Array | None = None, b_zero
 
 
 def einsum(*inputs: Array, equation: str) -> Array:
-    return jnp.einsum(explicit_equation(equation, [jnp.ndim(x) for x in inputs]), *inputs)
+    # one operand is a transposition or a reduction, not a product: float32 as the other reductions
+    inputs, accumulate = low_precision(*inputs) if len(inputs) > 1 else (inputs, None)
+    return jnp.einsum(explicit_equation(equation, [jnp.ndim(x) for x in inputs]), *inputs,
+                      preferred_element_type=accumulate)
 
 
 def explicit_equation(equation: str, ranks: list[int]) -> str:

@@ -84,7 +84,12 @@ def gradient(*inputs, xs: Sequence[str], y: str, zs: Sequence[str] = (), ctx: No
         # them from here on, so the first forward pass becomes dead code XLA drops (it cannot merge two copies
         # of a while loop, e.g. an LSTM, by itself).
         ctx.scope.values.update(recomputed)
-    return tuple(pullback(jnp.ones_like(total))[0])
+    # float16 products: the backward pass seeded with the loss scale keeps their gradients above float16's
+    # underflow; unscaled in float32 (a power of two by default, so exactly). lower/autocast.py says why static.
+    scale = ctx.trace.mixed_precision.loss_scale if ctx.trace.mixed_precision else 1.0
+    if scale == 1.0:
+        return tuple(pullback(jnp.ones_like(total))[0])
+    return tuple(g / jnp.asarray(scale, g.dtype) for g in pullback(jnp.full_like(total, scale))[0])
 
 
 def split_groups(ctx: NodeContext, tensors: Sequence, groups: int) -> list[tuple]:

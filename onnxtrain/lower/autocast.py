@@ -1,0 +1,87 @@
+"""Mixed precision (`load(..., mixed_precision="bfloat16" | "float16")`): torch.autocast's rule for ONNX graphs.
+
+The float32 matrix products (MatMul, Gemm, Einsum, Conv, ConvTranspose, the two products of Attention) read
+their operands rounded to the compute type and accumulate in float32 (`preferred_element_type`), so every ONNX
+value keeps its declared float32 type. The weights therefore stay float32 (the master copy: the rounding's
+gradient hands a float32 gradient back to the weight), and so do their gradients and the optimizer state.
+Everything else (softmax, normalizations, losses, reductions, the optimizer) computes in float32, as under
+torch.autocast, where those ops are on its float32 list.
+
+float16 has 5 exponent bits: a product's gradient below 6e-8 rounds to zero. The Gradient node therefore seeds
+its backward pass with `loss_scale` instead of 1 and divides the float32 gradients by it (lower/ops/training.py).
+The scale is static: no step is skipped and the scale never adapts (PyTorch's GradScaler does both), because
+skipping would make a compiled step's state update depend on its values; a scale so large that a gradient
+overflows shows as a non-finite loss or state, which `fit` reports (DivergenceError). bfloat16 has float32's
+exponent range and needs no scale.
+
+The option reaches the lowerings through the trace (`TraceContext.mixed_precision`); the walker makes it the
+current one while it runs a graph's nodes (`autocasting`), so the product lowerings read it without taking the
+node's context, which would exclude them from folding at load (folding.py).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import jax.numpy as jnp
+
+from ..errors import OptionError
+from .values import is_static
+
+COMPUTE_DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# float16's default: scaled by 2**12, a product operand's gradient stays above float16's smallest subnormal (6e-8)
+# down to 1.5e-11 and finite up to 16 (65504 / 2**12), a range that covers a loss of order 1's gradients.
+DEFAULT_LOSS_SCALE = 2.0**12
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    dtype: Any  # jnp.bfloat16 or jnp.float16: the type the float32 products compute in
+    loss_scale: float = 1.0  # what the Gradient node seeds its backward pass with (float16 only)
+
+
+def mixed_precision_of(name: str | None, loss_scale: float | None = None) -> MixedPrecision | None:
+    """The options of `load` checked: OptionError naming the option and its allowed values otherwise."""
+    if name is None:
+        if loss_scale is not None:
+            raise OptionError("loss_scale only applies with mixed_precision='float16'; mixed_precision is off")
+        return None
+    if name not in COMPUTE_DTYPES:
+        raise OptionError(f"mixed_precision={name!r} is not one of {sorted(COMPUTE_DTYPES)} (or None)")
+    if name != "float16":
+        if loss_scale is not None:
+            raise OptionError(f"loss_scale only applies with mixed_precision='float16' ({name} has float32's "
+                              "exponent range and needs no scale)")
+        return MixedPrecision(COMPUTE_DTYPES[name])
+    scale = DEFAULT_LOSS_SCALE if loss_scale is None else loss_scale
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise OptionError(f"loss_scale={loss_scale!r} must be a finite number > 0")
+    return MixedPrecision(COMPUTE_DTYPES[name], float(scale))
+
+
+_ACTIVE: ContextVar[MixedPrecision | None] = ContextVar("onnxtrain_mixed_precision", default=None)
+
+
+@contextmanager
+def autocasting(precision: MixedPrecision | None) -> Iterator[None]:
+    token = _ACTIVE.set(precision)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def low_precision(*operands: Any) -> tuple[tuple, Any]:
+    """`(operands, accumulate)` for a product: under mixed precision, float32 operands rounded to the compute
+    type, with float32 to accumulate in and return (the product's `preferred_element_type`). Unchanged, with
+    None, otherwise: mixed precision off, an operand that is not float32 (float64, integers, already half), or
+    constants alone (folded at load in float32, and so here as well)."""
+    precision = _ACTIVE.get()
+    if (precision is None or is_static(*operands)
+            or any(jnp.result_type(x) != jnp.float32 for x in operands)):
+        return operands, None
+    return tuple(jnp.asarray(x).astype(precision.dtype) for x in operands), jnp.float32
