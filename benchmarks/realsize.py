@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import torch
 
+# torch and the model definitions are imported where needed, never in an onnxtrain measurement process: its peak
+# memory is onnxtrain's alone, as in a user's process that loads an .onnx file
 sys.path.insert(0, str(Path(__file__).parent))
-from realsize_models import CASES, build  # noqa: E402
 
 HERE = Path(__file__).parent
 EXPORTS = HERE / ".realsize"
@@ -41,9 +41,13 @@ LR = 1e-3
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}  # RSS follows what is live
 
 
-def exported(name: str, exporter: str) -> Path:
-    """The ONNX export of case `name`, made once per torch version and exporter into a folder of its own (the
-    dynamo exporter writes large weights to a .data file beside the model)."""
+def exported(name: str, exporter: str, batch: int) -> Path:
+    """The folder holding case `name`'s ONNX export (made once per torch version and exporter; the dynamo exporter
+    writes large weights to a .data file beside the model), the module's parameter names (parameters.json) and
+    the feeds of a batch (feeds-<batch>.npz): what an onnxtrain measurement reads, without torch."""
+    import torch
+    from realsize_models import CASES, build
+
     folder = EXPORTS / f"{name}-{exporter}-torch{torch.__version__}"
     if not folder.exists():
         case, module = CASES[name], build(name)
@@ -55,41 +59,48 @@ def exported(name: str, exporter: str) -> Path:
                           input_names=list(example), dynamo=exporter == "dynamo")
         staging.rename(folder)  # a killed export leaves only a hidden staging folder, never a half model
         print(f"# exported {name} with the {exporter} exporter in {time.perf_counter() - start:.0f} s", flush=True)
-    return folder / "model.onnx"
+    if not (folder / "parameters.json").exists():
+        (folder / "parameters.json").write_text(json.dumps([n for n, _ in build(name).named_parameters()]))
+    if not (folder / f"feeds-{batch}.npz").exists():
+        inputs, labels = feeds(name, batch)
+        np.savez(folder / f"feeds-{batch}.npz", **inputs, target=labels)
+    return folder
 
 
 def feeds(name: str, batch: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    from realsize_models import CASES
+
     case = CASES[name]
     rng = np.random.default_rng(1)
     inputs = case.inputs(batch, rng)
     return inputs, rng.integers(0, case.classes, batch).astype(np.int64)
 
 
-def onnxtrain_peer(name: str, exporter: str, batch: int,
+def onnxtrain_peer(folder: Path, batch: int,
                    mixed: str | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    """(train step, infer) of onnxtrain on the export, its products in `mixed` precision if given; trains
-    exactly the module's named parameters where the export kept their names (the dynamo exporter does), else
-    make_trainable's default set."""
+    """(train step, infer) of onnxtrain on the export in `folder` (see `exported`), its products in `mixed`
+    precision if given; trains exactly the module's named parameters where the export kept their names (the
+    dynamo exporter does), else make_trainable's default set."""
     import jax
     import onnx
 
     import onnxtrain
 
-    model = onnx.load(exported(name, exporter))
+    model = onnx.load(folder / "model.onnx")
     initializers = {t.name for t in model.graph.initializer}
-    parameters = [n for n, _ in build(name).named_parameters()]
+    parameters = json.loads((folder / "parameters.json").read_text())
     trainable = [n for n in parameters if n in initializers]
     if len(trainable) < len(parameters):
-        print(f"# {name}: {len(parameters) - len(trainable)} of {len(parameters)} parameters renamed by the "
-              f"{exporter} exporter; onnxtrain trains make_trainable's default set", flush=True)
+        print(f"# {folder.name}: {len(parameters) - len(trainable)} of {len(parameters)} parameters renamed by "
+              f"the exporter; onnxtrain trains make_trainable's default set", flush=True)
         trainable = None
-    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="cross_entropy", optimizer="sgd",
-                                                     learning_rate=LR, trainable=trainable),
-                            mixed_precision=mixed)
-    inputs, labels = feeds(name, batch)
-    with jax.enable_x64(True):  # int64 token ids and labels stay int64 on the device
-        device = {k: jax.device_put(v) for k, v in {**inputs, "target": labels}.items()}
-    infer_feeds = {k: device[k] for k in inputs}
+    trainable_model = onnxtrain.make_trainable(model, loss="cross_entropy", optimizer="sgd", learning_rate=LR,
+                                               trainable=trainable)
+    del model  # as in a user's script, which keeps the trainable model only
+    engine = onnxtrain.load(trainable_model, mixed_precision=mixed)
+    with np.load(folder / f"feeds-{batch}.npz") as data, jax.enable_x64(True):  # int64 ids and labels stay int64
+        device = {k: jax.device_put(data[k]) for k in data.files}
+    infer_feeds = {k: v for k, v in device.items() if k != "target"}
     return (lambda: jax.block_until_ready(engine.train_step(device)),
             lambda: jax.block_until_ready(engine.infer(infer_feeds)))
 
@@ -97,6 +108,9 @@ def onnxtrain_peer(name: str, exporter: str, batch: int,
 def torch_peer(name: str, batch: int, mixed: str | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """(train step, infer) of PyTorch eager; with `mixed`, the forward and loss under torch.autocast (its CPU
     rule: the products in that type, float32 parameters and optimizer)."""
+    import torch
+    from realsize_models import build
+
     module = build(name)
     autocast = torch.autocast("cpu", dtype=getattr(torch, mixed)) if mixed else contextlib.nullcontext()
     optimizer = torch.optim.SGD(module.parameters(), lr=LR)
@@ -118,9 +132,9 @@ def torch_peer(name: str, batch: int, mixed: str | None = None) -> tuple[Callabl
     return train, infer
 
 
-def peer(name: str, which: str, exporter: str, batch: int,
+def peer(name: str, which: str, folder: Path, batch: int,
          mixed: str | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    return onnxtrain_peer(name, exporter, batch, mixed) if which == "onnxtrain" else torch_peer(name, batch, mixed)
+    return onnxtrain_peer(folder, batch, mixed) if which == "onnxtrain" else torch_peer(name, batch, mixed)
 
 
 def rss_kib(key: str) -> int:
@@ -130,24 +144,26 @@ def rss_kib(key: str) -> int:
     raise KeyError(key)
 
 
-def child(spec: str, exporter: str, batch: int, steps: int, mixed: str | None) -> None:
+def child(spec: str, folder: Path, batch: int, steps: int, mixed: str | None) -> None:
     """Prints {"first": s, "peak": bytes, "settled": bytes}: one peer's first train step (trace, compile and run
     for onnxtrain; the first eager step for PyTorch), its process's peak RSS over building the model and `steps`
     train steps, and the RSS after them."""
     name, which = spec.split(":")
-    train, _ = peer(name, which, exporter, batch, mixed)
+    train, _ = peer(name, which, folder, batch, mixed)
     start = time.perf_counter()
     train()
     first = time.perf_counter() - start
     for _ in range(steps):
         train()
+    if which == "onnxtrain" and "torch" in sys.modules:
+        raise RuntimeError("the onnxtrain measurement imported torch: its memory would count torch's")
     print(json.dumps({"first": first, "peak": rss_kib("VmHWM") * 1024, "settled": rss_kib("VmRSS") * 1024}))
 
 
-def fresh(name: str, which: str, exporter: str, batch: int, steps: int, cache: str,
+def fresh(name: str, which: str, folder: Path, batch: int, steps: int, cache: str,
           mixed: str | None = None) -> dict[str, float]:
     """`child` in a new process; `cache` is ONNXTRAIN_CACHE_DIR ("" disables the persistent cache)."""
-    command = [sys.executable, __file__, "--child", f"{name}:{which}", "--exporter", exporter, "--batch", str(batch),
+    command = [sys.executable, __file__, "--child", f"{name}:{which}", "--kit", str(folder), "--batch", str(batch),
                "--steps", str(steps)] + (["--mixed-precision", mixed] if mixed else [])
     env = {**os.environ, **MALLOC_ENV, "ONNXTRAIN_CACHE_DIR": cache}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -172,12 +188,12 @@ def median_times(calls: dict[str, Callable[[], Any]], steps: int, rounds: int) -
 
 def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int,
                mixed: str | None = None) -> list[tuple[str, str, float, float]]:
-    exported(name, exporter)
-    train_ot, infer_ot = onnxtrain_peer(name, exporter, batch)
+    folder = exported(name, exporter, batch)
+    train_ot, infer_ot = onnxtrain_peer(folder, batch)
     train_pt, infer_pt = torch_peer(name, batch)
     calls = {"train onnxtrain": train_ot, "train torch": train_pt, "infer onnxtrain": infer_ot, "infer torch": infer_pt}
     if mixed:  # timed in the same alternating rounds as the float32 peers
-        calls["mixed onnxtrain"] = onnxtrain_peer(name, exporter, batch, mixed)[0]
+        calls["mixed onnxtrain"] = onnxtrain_peer(folder, batch, mixed)[0]
         calls["mixed torch"] = torch_peer(name, batch, mixed)[0]
     for call in calls.values():
         call()  # compiles onnxtrain's programs; PyTorch's first eager calls
@@ -185,10 +201,10 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int,
     del calls, train_ot, infer_ot, train_pt, infer_pt
     memory_steps = 3
     with tempfile.TemporaryDirectory() as cache:
-        cold = fresh(name, "onnxtrain", exporter, batch, memory_steps, "")
-        fresh(name, "onnxtrain", exporter, batch, 0, cache)  # fills the persistent cache
-        warm = fresh(name, "onnxtrain", exporter, batch, 0, cache)
-    torch_child = fresh(name, "torch", exporter, batch, memory_steps, "")
+        cold = fresh(name, "onnxtrain", folder, batch, memory_steps, "")
+        fresh(name, "onnxtrain", folder, batch, 0, cache)  # fills the persistent cache
+        warm = fresh(name, "onnxtrain", folder, batch, 0, cache)
+    torch_child = fresh(name, "torch", folder, batch, memory_steps, "")
     mb = 2**20
     rows = [
         (name, "train step (ms)", median["train onnxtrain"] * 1e3, median["train torch"] * 1e3),
@@ -198,8 +214,8 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int,
         (name, "peak RSS (MB)", cold["peak"] / mb, torch_child["peak"] / mb),
     ]
     if mixed:
-        ours = fresh(name, "onnxtrain", exporter, batch, memory_steps, "", mixed)
-        theirs = fresh(name, "torch", exporter, batch, memory_steps, "", mixed)
+        ours = fresh(name, "onnxtrain", folder, batch, memory_steps, "", mixed)
+        theirs = fresh(name, "torch", folder, batch, memory_steps, "", mixed)
         rows += [
             (name, f"train step, {mixed} (ms)", median["mixed onnxtrain"] * 1e3, median["mixed torch"] * 1e3),
             (name, f"peak RSS, {mixed} (MB)", ours["peak"] / mb, theirs["peak"] / mb),
@@ -225,7 +241,8 @@ def write_readme(text: str) -> None:
 
 def main(argv: list[str]) -> None:
     args = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    args.add_argument("--models", default=",".join(CASES))
+    args.add_argument("--models", help="a comma-separated subset of benchmarks/realsize_models.py's cases "
+                      "(default: all)")
     args.add_argument("--batch", type=int, default=2)
     args.add_argument("--steps", type=int, help="timed calls per peer and measurement (default 10, --quick 2)")
     args.add_argument("--exporter", choices=("dynamo", "torchscript"), default="dynamo")
@@ -234,10 +251,15 @@ def main(argv: list[str]) -> None:
     args.add_argument("--quick", action="store_true", help="a smoke run: few steps, numbers not meaningful")
     args.add_argument("--write", action="store_true", help="update the realsize table in benchmarks/README.md")
     args.add_argument("--child", help=argparse.SUPPRESS)  # MODEL:PEER, run by `fresh`
+    args.add_argument("--kit", type=Path, help=argparse.SUPPRESS)  # the child's export folder
     opts = args.parse_args(argv)
     if opts.child:
-        child(opts.child, opts.exporter, opts.batch, opts.steps, opts.mixed_precision)
+        child(opts.child, opts.kit, opts.batch, opts.steps, opts.mixed_precision)
         return
+    import torch
+    from realsize_models import CASES
+
+    opts.models = opts.models or ",".join(CASES)
     unknown = set(opts.models.split(",")) - set(CASES)
     if unknown:
         args.error(f"unknown model(s) {sorted(unknown)}; choose from {','.join(CASES)}")
