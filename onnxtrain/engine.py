@@ -30,8 +30,9 @@ from .export import save_atomic, saved_step_count, stored_state, with_initialize
 from .feeds import FeedChecker, array_signature
 from .lower.autocast import mixed_precision_of
 from .lower.folding import load_time_constants
-from .model import Graph, ModelSource, ValueInfo, build_graph, check_model, model_resolver, raise_if_missing
-from .model import read_model
+from .ir import Graph, ValueInfo
+from .lower.build import build_graph, model_resolver, raise_if_missing
+from .model import ModelSource, check_model, read_model
 from .placement import Placement, host_array
 from .program import Program, tracing
 from . import steps

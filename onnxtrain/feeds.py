@@ -9,7 +9,7 @@ import numpy as np
 
 from .dtypes import np_dtype, type_name, onnx_type
 from .errors import FeedError
-from .model import ValueInfo
+from .ir import ValueInfo
 
 
 def to_array(name: str, value: Any) -> Any:

@@ -1,7 +1,7 @@
 """The frozen view of an ONNX graph the lowering walks: Graph, Node, ValueInfo.
 
-It imports nothing of onnxtrain at run time, so model.py (which builds these views) and lower/ (which walks
-them) both depend on it without depending on each other through it.
+It imports nothing of onnxtrain at run time, so every module that builds these views (lower/build.py) or uses
+them (the walker, the engine, the state bindings) may import it without making an import cycle.
 """
 
 from __future__ import annotations

@@ -1,204 +1,21 @@
-"""Reading and validating a ModelProto into a small frozen view the lowering walks.
-
-Every node is bound here, once, to its implementation: a registered lowering for the schema version the model's
-opset selects, or else a function body (a model-local FunctionProto, or the schema's own function) expanded at
-trace time. Nodes nothing can run are collected and reported together.
+"""Reading and checking a model: its bytes from a file (or bytes, or a ModelProto), external data inlined, and
+onnx.checker's verdict. Building its graphs and binding their nodes is lower/build.py.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
 from . import lower  # noqa: F401  (registers every op)
-from . import tensor_data
 from .big_models import PROTOBUF_LIMIT, check_large_model, exceeds_protobuf_limit
-from .errors import ModelLoadError, UnsupportedOpError
+from .errors import ModelLoadError
 from .external_data import inline_external_data, open_regular_file
-from .ir import Graph, Node, ValueInfo
-from .lower.registry import canonical_domain, lookup, schema_for
-from .tensor_data import decode_utf8, known_type, tensor_value
-from .well_formed import check_well_formed
 
 ModelSource = str | os.PathLike | bytes | onnx.ModelProto
-
-
-@dataclass
-class Resolver:
-    """What binding a node needs: the opsets in force and the model-local functions; collects what is missing."""
-
-    opsets: dict[str, int]
-    functions: dict[tuple[str, str], onnx.FunctionProto]
-    missing: list[tuple[str, str, int]] = field(default_factory=list)
-    checked: set[tuple[str, str]] = field(default_factory=set)  # local functions whose bodies were bound
-
-    def with_opsets(self, opset_import, owner: str = "a function") -> "Resolver":
-        return Resolver(opset_versions(opset_import, owner), self.functions, self.missing, self.checked)
-
-
-@functools.cache
-def newest_opsets() -> dict[str, int]:
-    """The newest version of each domain onnx.defs knows: a model importing a later one was written for operator
-    semantics this engine cannot know."""
-    newest = {"": onnx.defs.onnx_opset_version()}
-    for schema in onnx.defs.get_all_schemas_with_history():
-        domain = canonical_domain(schema.domain)
-        newest[domain] = max(newest.get(domain, 0), schema.since_version)
-    return newest
-
-
-def opset_versions(opset_import, owner: str) -> dict[str, int]:
-    """{domain: version} of an opset_import list, each version checked against what onnx.defs knows."""
-    versions = {}
-    for entry in opset_import:
-        domain = canonical_domain(entry.domain)
-        name = domain or "ai.onnx"
-        newest = newest_opsets().get(domain)
-        if entry.version < 1:
-            raise ModelLoadError(f"{owner} imports opset {name} version {entry.version}; versions start at 1")
-        if newest is not None and entry.version > newest:
-            raise ModelLoadError(
-                f"{owner} imports opset {name} version {entry.version}, newer than the newest onnx "
-                f"{onnx.__version__} knows ({newest})"
-            )
-        versions[domain] = entry.version
-    return versions
-
-
-def value_info(vi: onnx.ValueInfoProto) -> ValueInfo:
-    tensor = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
-    elem_type = tensor.elem_type if tensor is not None else None
-    if elem_type:  # 0 leaves the type unknown, which ONNX allows
-        known_type(elem_type, f"value {vi.name!r}")
-    shape = None
-    if tensor is not None and tensor.HasField("shape"):
-        shape = tuple(
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim
-        )
-        if any(isinstance(d, int) and d < 0 for d in shape):
-            raise ModelLoadError(f"value {vi.name!r} has a negative dimension in its shape {list(shape)}")
-    return ValueInfo(vi.name, elem_type, shape, vi.type)
-
-
-def sparse_to_dense(sparse: onnx.SparseTensorProto, label: str) -> np.ndarray:
-    return tensor_data.sparse_to_dense(sparse, label, max_bytes=PROTOBUF_LIMIT)
-
-
-def decode_attribute(attr: onnx.AttributeProto, resolver: Resolver, owner: str = "") -> Any:
-    kind = onnx.AttributeProto
-    what = f"attribute {attr.name!r}{owner}"
-    decoders = {
-        kind.FLOAT: lambda: float(attr.f),
-        kind.INT: lambda: int(attr.i),
-        kind.STRING: lambda: decode_utf8(attr.s, what),
-        kind.TENSOR: lambda: tensor_value(attr.t, what),
-        kind.SPARSE_TENSOR: lambda: sparse_to_dense(attr.sparse_tensor, what),
-        kind.GRAPH: lambda: build_graph(attr.g, resolver),
-        kind.TYPE_PROTO: lambda: attr.tp,
-        kind.FLOATS: lambda: [float(f) for f in attr.floats],
-        kind.INTS: lambda: [int(i) for i in attr.ints],
-        kind.STRINGS: lambda: [decode_utf8(s, what) for s in attr.strings],
-        kind.TENSORS: lambda: [tensor_value(t, what) for t in attr.tensors],
-        kind.GRAPHS: lambda: [build_graph(g, resolver) for g in attr.graphs],
-        kind.SPARSE_TENSORS: lambda: [sparse_to_dense(t, what) for t in attr.sparse_tensors],
-        kind.TYPE_PROTOS: lambda: list(attr.type_protos),
-    }
-    if attr.type not in decoders:
-        raise ModelLoadError(f"{what} has unknown type {attr.type}")
-    return decoders[attr.type]()
-
-
-def substitute_attribute_refs(
-    attributes, caller_attributes: dict[str, onnx.AttributeProto] | None
-) -> list[onnx.AttributeProto]:
-    """Inside a function body, `ref_attr_name` attributes take the caller's value (dropped if it has none)."""
-    result = []
-    for attr in attributes:
-        if attr.ref_attr_name:
-            if caller_attributes is None or attr.ref_attr_name not in caller_attributes:
-                continue
-            bound = onnx.AttributeProto()
-            bound.CopyFrom(caller_attributes[attr.ref_attr_name])
-            bound.name = attr.name
-            result.append(bound)
-        else:
-            result.append(attr)
-    return result
-
-
-def build_node(
-    proto: onnx.NodeProto, resolver: Resolver, caller_attributes: dict[str, onnx.AttributeProto] | None = None
-) -> Node:
-    domain = canonical_domain(proto.domain)
-    raw = tuple(substitute_attribute_refs(proto.attribute, caller_attributes))
-    owner = f" of node {proto.name or proto.op_type!r}"
-    attributes = {a.name: decode_attribute(a, resolver, owner) for a in raw}
-    opset = resolver.opsets.get(domain)
-    function = resolver.functions.get((proto.domain, proto.op_type))
-    impl, since_version = None, None
-    if function is not None:
-        check_function_body((proto.domain, proto.op_type), resolver)
-    else:
-        schema = schema_for(domain, proto.op_type, opset) if opset is not None else None
-        if schema is not None:
-            since_version = schema.since_version
-            impl = lookup(domain, proto.op_type, since_version)
-            for name, spec in schema.attributes.items():
-                if name not in attributes and spec.default_value.type != onnx.AttributeProto.UNDEFINED:
-                    attributes[name] = decode_attribute(spec.default_value, resolver)
-        if impl is None and not schema_has_body(schema, opset):
-            resolver.missing.append((domain, proto.op_type, opset if opset is not None else -1))
-    return Node(
-        op_type=proto.op_type,
-        domain=domain,
-        name=proto.name,
-        inputs=tuple(proto.input),
-        outputs=tuple(proto.output),
-        attributes=attributes,
-        raw_attributes=raw,
-        opset=opset if opset is not None else -1,
-        since_version=since_version,
-        impl=impl,
-        function=function,
-    )
-
-
-def schema_has_body(schema: onnx.defs.OpSchema | None, opset: int | None) -> bool:
-    if schema is None or opset is None:
-        return False
-    versions = list(schema.function_opset_versions) + list(schema.context_dependent_function_opset_versions)
-    return any(v <= opset for v in versions) or schema.has_function or schema.has_context_dependent_function
-
-
-def build_graph(proto: onnx.GraphProto, resolver: Resolver) -> Graph:
-    initializers = {t.name: tensor_value(t, f"initializer {t.name!r}") for t in proto.initializer}
-    for sparse in proto.sparse_initializer:
-        initializers[sparse.values.name] = sparse_to_dense(sparse, f"sparse initializer {sparse.values.name!r}")
-    return Graph(
-        name=proto.name,
-        inputs=tuple(value_info(v) for v in proto.input),
-        outputs=tuple(value_info(v) for v in proto.output),
-        initializers=initializers,
-        nodes=tuple(build_node(n, resolver) for n in proto.node),
-    )
-
-
-def check_function_body(key: tuple[str, str], resolver: Resolver) -> None:
-    """Bind a called model-local function's nodes once, so their unsupported ops are reported at load."""
-    if key in resolver.checked:
-        return
-    resolver.checked.add(key)
-    function = resolver.functions[key]
-    inner = resolver.with_opsets(function.opset_import, f"function {function.name!r}")
-    for node in function.node:
-        build_node(node, inner, caller_attributes=None)
 
 
 def read_model(source: ModelSource) -> tuple[onnx.ModelProto, Path | None]:
@@ -248,15 +65,3 @@ def check_model(model: onnx.ModelProto) -> None:
             onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError) as exc:
         raise ModelLoadError(f"onnx.checker rejected the model: {exc}") from exc
-
-
-def model_resolver(model: onnx.ModelProto) -> Resolver:
-    """The opsets and functions nodes bind with, once the model is known to be well formed (well_formed.py)."""
-    check_well_formed(model)
-    functions = {(f.domain, f.name): f for f in model.functions}
-    return Resolver(opset_versions(model.opset_import, "the model"), functions)
-
-
-def raise_if_missing(resolver: Resolver) -> None:
-    if resolver.missing:
-        raise UnsupportedOpError(resolver.missing)

@@ -17,7 +17,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .errors import FeedError
-from .model import ValueInfo
+from .ir import ValueInfo
 
 BATCH_AXIS = "batch"
 

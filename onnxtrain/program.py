@@ -19,7 +19,7 @@ from .dtypes import host_only
 from .errors import StaticValueRequired
 from .lower.constants import hoisting
 from .lower.target import targeting
-from .model import Node
+from .ir import Node
 
 
 def hashable(value: Any) -> Any:

@@ -10,8 +10,8 @@ import onnx
 from onnx import TensorProto, helper
 
 import onnxtrain
+from onnxtrain.lower.build import Resolver, build_node
 from onnxtrain.lower.walker import TraceContext, Scope, run_node
-from onnxtrain.model import Resolver, build_node
 
 LOCAL = "local.fns"
 

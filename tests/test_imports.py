@@ -11,12 +11,9 @@ import onnxtrain
 PACKAGE = Path(onnxtrain.__file__).parent
 
 # (importing module, imported module) -> why the import waits until the function runs. Edges listed here are
-# also left out of the cycle check: each is a known cycle still to be removed, not a licence for new ones.
-ALLOWED_LAZY: dict[tuple[str, str], str] = {
-    # expanding a function body at trace time builds its nodes with model.py's Resolver/build_node, and model.py
-    # binds nodes through the lowering registry (importing lower/ registers every op): issue 13, still open
-    ("onnxtrain.lower.walker", "onnxtrain.model"): "known cycle model -> lower -> walker -> model",
-}
+# also left out of the cycle check, so an entry may only name an import that waits for a reason other than a
+# cycle (none does now): a cycle is removed by moving code, as lower/build.py was split from model.py.
+ALLOWED_LAZY: dict[tuple[str, str], str] = {}
 
 
 def module_name(path: Path) -> str:

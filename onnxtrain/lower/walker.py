@@ -17,6 +17,7 @@ from ..errors import NodeError, OnnxTrainError, StaticValueRequired
 from ..ir import Graph, Node
 from . import layout
 from .autocast import MixedPrecision, autocasting
+from .build import Resolver, build_node, raise_if_missing
 from .layout import channels_first, channels_first_results
 from .constants import hoisting, with_hoisted
 from .registry import schema_for
@@ -249,8 +250,6 @@ def is_graph_list(value: Any) -> bool:
 
 def call_function(node: "Node", args: list[Value], trace: TraceContext) -> tuple[Value, ...]:
     """Run a node by expanding a function body: a model-local FunctionProto or the op schema's own."""
-    from ..model import Resolver, build_node, raise_if_missing
-
     if node.function is not None:
         function = node.function
         caller_attributes = {a.name: a for a in function.attribute_proto}

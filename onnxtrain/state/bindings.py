@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import onnx
 
 from ..errors import BindingError
-from ..model import Graph, Resolver, build_graph
+from ..ir import Graph
+from ..lower.build import Resolver, build_graph
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnxtrain.errors import StaticValueRequired
+from onnxtrain.lower.build import build_graph, model_resolver
 from onnxtrain.lower.ops import control
 from onnxtrain.lower.walker import TraceContext, run_graph
-from onnxtrain.model import build_graph, model_resolver
 from nodes import run_with_engine as run, value as info, graph_model as model
 
 F, I64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL

@@ -10,9 +10,9 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from onnxtrain.dtypes import onnx_type
+from onnxtrain.lower.build import build_graph, model_resolver
 from onnxtrain.lower.walker import TraceContext, run_graph
 from onnxtrain.lower.target import targeting
-from onnxtrain.model import build_graph, model_resolver
 from onnxtrain.placement import Placement
 from nodes import run_outputs as run
 
