@@ -103,18 +103,21 @@ class Engine:
         # for this engine alone) to the device one at a time: the host never holds a second decoded copy of
         # the weights, at load or after (`reset` decodes the initial state from `model` again). What stays in
         # `initializers` is the static constants the traces read.
-        graphs = [self.graph, *(a.graph for a in self.algorithms)]
+        graphs = {None: self.graph, **{a.index: a.graph for a in self.algorithms}}  # by owner, as state_owner
         owned = set(self.state_owner)
-        moving = [[n for n, v in g.initializers.items() if on_device(n, v, owned)] for g in graphs]
-        placed = [{n: self._put(n, g.initializers.pop(n)) for n in names} for g, names in zip(graphs, moving)]
-        self._state = {n: placed[0 if owner is None else 1 + owner].pop(n) for n, owner in self.state_owner.items()}
-        self._main_consts, *self._algorithm_consts = placed
-        self._main_static, *self._algorithm_static = [g.initializers for g in graphs]
+        moving = {owner: [n for n, v in graph.initializers.items() if on_device(n, v, owned)]
+                  for owner, graph in graphs.items()}
+        placed = {owner: {n: self._put(n, graphs[owner].initializers.pop(n)) for n in names}
+                  for owner, names in moving.items()}
+        self._state = {n: placed[owner].pop(n) for n, owner in self.state_owner.items()}
+        self._main_consts, self._main_static = placed[None], self.graph.initializers
+        self._algorithm_consts = [placed[a.index] for a in self.algorithms]
+        self._algorithm_static = [a.graph.initializers for a in self.algorithms]
         with jax.enable_x64(True):
             self._key = jax.random.key(seed)
             with tracing(matmul_precision, self._placement.platform):  # float constants: see lower/constants.py
-                hoisted = load_time_constants(graphs, [g.initializers for g in graphs])
-            self._hoisted = [self._placement.put(h) for h in hoisted]  # main graph's, then each algorithm's
+                hoisted = load_time_constants(list(graphs.values()), [g.initializers for g in graphs.values()])
+            self._main_hoisted, *self._algorithm_hoisted = [self._placement.put(h) for h in hoisted]
 
         self._model = steps.StepModel(self.graph, tuple(self.algorithms), self.functions, self._main_static,
                                       tuple(self._algorithm_static), self._placement.keep_layout,
@@ -134,7 +137,7 @@ class Engine:
             return {}, steps.infer(self._model, state, consts, key, {**static_feeds, **feeds})
 
         return Program(body, self.graph.nodes, self._placement.platform, matmul_precision=self.matmul_precision,
-                       constants=self._hoisted[0])
+                       constants=self._main_hoisted)
 
     def _train_program(self, k: int) -> Program:
         def body(carry, consts, k_consts, key, feeds, static_feeds):
@@ -144,7 +147,7 @@ class Engine:
 
         return Program(body, self.graph.nodes + self.algorithms[k].graph.nodes, self._placement.platform,
                        donate=(0,), matmul_precision=self.matmul_precision,
-                       constants={**self._hoisted[0], **self._hoisted[1 + k]})
+                       constants={**self._main_hoisted, **self._algorithm_hoisted[k]})
 
     def _init_program(self) -> Program:
         def body(state, key, feeds, static_feeds):
