@@ -1,7 +1,7 @@
 """Models past protobuf's 2 GiB: when a model must keep its weights in external data, which tensors go there,
 and how such a model is still validated by onnx.checker.
 
-PROTOBUF_LIMIT and INLINE_BYTES are read at call time, so tests shrink them to exercise big-model paths with
+PROTOBUF_LIMIT, INLINE_BYTES and SKELETON_CHECK_BYTES are read at call time, so tests shrink them to exercise big-model paths with
 small models.
 """
 
@@ -17,8 +17,11 @@ from google.protobuf.message import EncodeError, Message
 from onnx import TensorProto
 from onnx.helper import tensor_dtype_to_np_dtype
 
+from .tensor_data import KNOWN_TYPES
+
 PROTOBUF_LIMIT = 2**31 - 1  # protobuf refuses to serialize or parse a message larger than this
 INLINE_BYTES = 1024  # smaller tensors stay in the model file: ONNX Runtime reads some (shapes) while loading
+SKELETON_CHECK_BYTES = 64 * 2**20  # past this many bytes of weights, onnx.checker checks a skeleton (below)
 
 
 def exceeds_protobuf_limit(model: onnx.ModelProto) -> bool:
@@ -35,6 +38,11 @@ def weight_tensors(model: onnx.ModelProto) -> list[TensorProto]:
     return [t for g in initializer_graphs(model) for t in g.initializer if is_weight(t)]
 
 
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """The bytes the weights' dims and types declare (reading no data)."""
+    return sum(math.prod(t.dims) * tensor_dtype_to_np_dtype(t.data_type).itemsize for t in weight_tensors(model))
+
+
 def initializer_graphs(model: onnx.ModelProto) -> list[onnx.GraphProto]:
     """The graphs whose initializers hold a model's weights and state: main, then each training graph."""
     return [model.graph] + [g for info in model.training_info for g in (info.initialization, info.algorithm)]
@@ -44,8 +52,8 @@ def is_weight(tensor: TensorProto) -> bool:
     """INLINE_BYTES or more, and neither int64 (shapes and indices, which ONNX Runtime needs inline at load time
     to fold shapes) nor strings (which external data cannot hold). Node attributes (Constant values) always stay
     inline for the same reason."""
-    if tensor.data_type in (TensorProto.INT64, TensorProto.STRING):
-        return False
+    if tensor.data_type in (TensorProto.INT64, TensorProto.STRING) or tensor.data_type not in KNOWN_TYPES:
+        return False  # an unknown type stays inline, where the checker and the decoder name it
     return math.prod(tensor.dims) * tensor_dtype_to_np_dtype(tensor.data_type).itemsize >= INLINE_BYTES
 
 
@@ -87,9 +95,10 @@ def copy_fields(source: Message, target: Message, skip: set[str]) -> None:
             setattr(target, field.name, getattr(source, field.name))
 
 
-def check_large_model(model: onnx.ModelProto) -> None:
-    """onnx.checker on a model too large to serialize: it checks a skeleton in which each weight's bytes are
-    an external reference to an empty file (the checker verifies a reference's file exists, not its bytes)."""
+def check_skeleton(model: onnx.ModelProto) -> None:
+    """onnx.checker on a skeleton of `model` in which each weight's bytes are an external reference to an empty
+    file (the checker verifies a reference's file exists, not its bytes): a model too large to serialize, or too
+    large to serialize cheaply, is checked without copying its weights."""
     def set_aside(tensor: TensorProto) -> bool:
         return is_weight(tensor) and tensor.HasField("raw_data")
 

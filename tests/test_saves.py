@@ -258,6 +258,7 @@ def test_model_past_the_protobuf_limit_is_validated_trained_and_exported(tmp_pat
     """With the limit shrunk below the model's size every big-model path runs: the checker on a skeleton, a
     train step, the automatic external-data export, reloads in onnxtrain and ONNX Runtime."""
     monkeypatch.setattr(onnxtrain.big_models, "PROTOBUF_LIMIT", 4096)
+    monkeypatch.setattr(onnxtrain.big_models, "SKELETON_CHECK_BYTES", 4096)
     model = regression_model(width=256)
     broken = onnx.ModelProto()
     broken.CopyFrom(model)
