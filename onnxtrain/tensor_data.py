@@ -4,6 +4,7 @@ dims and type declare: a malformed tensor is a ModelLoadError naming it, never a
 from __future__ import annotations
 
 import math
+import sys
 from typing import Iterator, Mapping
 
 import numpy as np
@@ -81,8 +82,9 @@ def tensor_value(tensor: TensorProto, label: str | None = None) -> np.ndarray:
             raise ModelLoadError(f"{label} has {len(tensor.string_data)} strings for dims {list(tensor.dims)}")
         strings = [decode_utf8(s, f"a string of {label}") for s in tensor.string_data]
         return np.array(strings, dtype=object).reshape(tuple(tensor.dims))
-    if tensor.HasField("raw_data"):
-        needed, held, unit = raw_size(tensor, label), len(tensor.raw_data), "bytes of raw_data"
+    raw = tensor.raw_data if tensor.HasField("raw_data") else None  # each read of the field copies its bytes
+    if raw is not None:
+        needed, held, unit = raw_size(tensor, label), len(raw), "bytes of raw_data"
     else:
         field = helper.tensor_dtype_to_field(tensor.data_type)
         needed, held, unit = field_entries(tensor, count), len(getattr(tensor, field)), f"entries of {field}"
@@ -91,6 +93,9 @@ def tensor_value(tensor: TensorProto, label: str | None = None) -> np.ndarray:
             f"{label} has {held} {unit} where its dims {list(tensor.dims)} and type "
             f"{TensorProto.DataType.Name(tensor.data_type)} need {needed}"
         )
+    if raw is not None and tensor.data_type not in BITS and sys.byteorder == "little":
+        # whole-byte elements stored as they lie in memory: a view of the bytes just read, not a second copy
+        return np.frombuffer(raw, helper.tensor_dtype_to_np_dtype(tensor.data_type)).reshape(tuple(tensor.dims))
     return numpy_helper.to_array(tensor)
 
 
