@@ -4,7 +4,6 @@ and an initialization graph that resets the optimizer (and optionally the weight
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -14,7 +13,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .errors import AuthoringError
 from .lower.registry import TRAINING_DOMAIN
-from .optimizers import LEARNING_RATE, OPTIMIZERS, STEP, add_update, check_update  # noqa: F401 (OPTIMIZERS, STEP: API)
+from .optimizers import (  # noqa: F401 (OPTIMIZERS, STEP: API)
+    LEARNING_RATE, OPTIMIZERS, STEP, add_update, check_update, is_number,
+)
 from .dtypes import TRAINING_FLOAT_TYPES
 from .parameters import running_statistics, select_trainable  # noqa: F401 (running_statistics: API)
 from .train_mode import add_training_forward
@@ -209,7 +210,7 @@ def make_trainable(
     Mixed precision is not a make_trainable option: it is how a runtime computes the graph, not part of it, so
     the model stays plain float32 ONNX; choose it when running: `load(model, mixed_precision="bfloat16")`."""
     update = check_update(optimizer, dict(optimizer_options), weight_decay, no_decay, clip_grad_norm, accumulate)
-    if not (isinstance(learning_rate, (int, float)) and math.isfinite(learning_rate) and learning_rate >= 0):
+    if not (is_number(learning_rate) and learning_rate >= 0):  # as every optimizer option: NumPy scalars too
         raise AuthoringError(f"learning_rate must be a finite number >= 0, got {learning_rate!r}")
     result = onnx.ModelProto()
     result.CopyFrom(model)

@@ -205,6 +205,7 @@ def linear_model(output_type: int = onnx.TensorProto.FLOAT, classes: int = 3) ->
 
 @pytest.mark.parametrize("options, message", [
     ({"learning_rate": float("nan")}, "learning_rate must be a finite number >= 0, got nan"),
+    ({"learning_rate": True}, "learning_rate must be a finite number >= 0, got True"),
     ({"learning_rate": float("inf")}, "got inf"),
     ({"learning_rate": -0.1}, "got -0.1"),
     ({"loss": "hinge"}, "loss must be one of"),
@@ -220,6 +221,12 @@ def linear_model(output_type: int = onnx.TensorProto.FLOAT, classes: int = 3) ->
 def test_make_trainable_refuses_options_that_do_not_fit(options, message):
     with pytest.raises(onnxtrain.errors.AuthoringError, match=message):
         onnxtrain.make_trainable(linear_model(), **options)
+
+
+def test_a_numpy_scalar_learning_rate_is_a_number():
+    model = onnxtrain.make_trainable(linear_model(), learning_rate=np.float32(0.25))
+    rates = [t for t in model.training_info[0].algorithm.initializer if t.name == "learning_rate"]
+    assert numpy_helper.to_array(rates[0]) == np.float32(0.25)
 
 
 def test_loss_is_checked_against_the_declared_output():
