@@ -226,7 +226,7 @@ def test_make_trainable_refuses_options_that_do_not_fit(options, message):
 def test_a_numpy_scalar_learning_rate_is_a_number():
     model = onnxtrain.make_trainable(linear_model(), learning_rate=np.float32(0.25))
     rates = [t for t in model.training_info[0].algorithm.initializer if t.name == "learning_rate"]
-    assert numpy_helper.to_array(rates[0]) == np.float32(0.25)
+    assert onnx.numpy_helper.to_array(rates[0]) == np.float32(0.25)
 
 
 def test_loss_is_checked_against_the_declared_output():
