@@ -50,10 +50,20 @@ class Builder:
             self.updates[i] = (variable, f"{new_value}.gated", value_type)
 
     def state(self, name: str, value: np.ndarray) -> None:
-        """An algorithm initializer that the initialization graph resets to `value`."""
+        """An algorithm initializer that the initialization graph resets to `value`. An all-zero value (an
+        optimizer's moments, each as large as its weight) is reset by ConstantOfShape, so the model does not
+        carry a second full-size copy of zeros in the initialization graph."""
         tensor = numpy_helper.from_array(value, name)
         self.initializers.append(tensor)
-        self.init_nodes.append(helper.make_node("Constant", [], [f"{name}.init"], value=tensor))
+        if value.size > 1 and not np.any(value):
+            shape = numpy_helper.from_array(np.asarray(value.shape, np.int64), f"{name}.shape")
+            self.init_nodes += [
+                helper.make_node("Constant", [], [f"{name}.shape"], value=shape),
+                helper.make_node("ConstantOfShape", [f"{name}.shape"], [f"{name}.init"],
+                                 value=numpy_helper.from_array(np.zeros(1, value.dtype))),
+            ]
+        else:
+            self.init_nodes.append(helper.make_node("Constant", [], [f"{name}.init"], value=tensor))
         self.init_outputs.append(helper.make_tensor_value_info(f"{name}.init", tensor.data_type, value.shape))
         self.init_bindings.append((name, f"{name}.init"))
 

@@ -61,3 +61,33 @@ def test_a_loaded_engine_keeps_no_host_copy_of_the_weights():
     engine.reset()
     for tensor in model.graph.initializer:
         np.testing.assert_array_equal(np.asarray(engine.state[tensor.name]), numpy_helper.to_array(tensor))
+
+
+def test_an_engine_that_read_the_file_keeps_no_bytes_of_zero_state(tmp_path):
+    """Adam's moments start at zero and are each as large as the weights: an engine that owns its proto drops
+    their bytes, and still resets, trains and exports them as the spec says."""
+    model, size = wide_mlp()
+    trainable = onnxtrain.make_trainable(model, loss="mse", optimizer="adam", learning_rate=0.01)
+    path = tmp_path / "adam.onnx"
+    onnx.save(trainable, path)
+    engine = onnxtrain.load(path)
+    assert engine.model.ByteSize() < 1.2 * size < 0.5 * path.stat().st_size  # the weights' bytes, not 3x
+    x = np.random.default_rng(1).standard_normal((4, WIDTHS[0]), np.float32)
+    engine.train_step({"X": x, "target": np.zeros((4, WIDTHS[-1]), np.float32)})
+    out = tmp_path / "trained.onnx"
+    engine.export(out)
+    exported = {t.name: numpy_helper.to_array(t) for info in onnx.load(out).training_info
+                for t in info.algorithm.initializer}
+    moments = [n for n in exported if n.endswith((".adam_m", ".adam_v"))]
+    assert len(moments) == 2 * (len(WIDTHS) - 1)
+    assert np.any(exported["W0.adam_m"]) and np.any(exported["W0.adam_v"])  # trained, not the dropped zeros
+    for name in moments:
+        np.testing.assert_array_equal(exported[name], np.asarray(engine.state[name]))
+    engine.reset()
+    for name in moments:
+        assert not np.any(np.asarray(engine.state[name]))
+    np.testing.assert_array_equal(np.asarray(engine.state["W0"]), numpy_helper.to_array(model.graph.initializer[0]))
+    # a proto handed in is the caller's: left whole
+    before = trainable.SerializeToString()
+    onnxtrain.load(trainable)
+    assert trainable.SerializeToString() == before
