@@ -26,7 +26,7 @@ import onnx
 from .cache import enable_compilation_cache
 from .dtypes import HOST_ONLY_DTYPES, is_float
 from .errors import StateError, StepError
-from .export import drop_zero_state, save_atomic, saved_step_count, stored_state, with_initializers, with_state
+from .export import save_atomic, saved_step_count, stored_state, with_initializers, with_state
 from .feeds import FeedChecker, array_signature
 from .lower.autocast import mixed_precision_of
 from .lower.folding import load_time_constants
@@ -64,11 +64,8 @@ class Engine:
     def __init__(
         self, model: onnx.ModelProto, seed: int = 0, check: bool = True, devices: Sequence[jax.Device] | None = None,
         matmul_precision: str = "highest", shard_state: bool = False, mixed_precision: str | None = None,
-        loss_scale: float | None = None, own_model: bool = False,
+        loss_scale: float | None = None,
     ):
-        """`own_model`: nothing else holds `model` (load passes True for a model it read from a file), so the
-        engine may drop from it the bytes of state variables that start at zero (an optimizer's moments: as large
-        as the weights each) and recreate them as zeros where it reads them back."""
         self.mixed_precision = mixed_precision_of(mixed_precision, loss_scale)  # lower/autocast.py
         if check:
             check_model(model)
@@ -113,7 +110,6 @@ class Engine:
         placed = {owner: {n: self._put(n, graphs[owner].initializers.pop(n)) for n in names}
                   for owner, names in moving.items()}
         self._state = {n: placed[owner].pop(n) for n, owner in self.state_owner.items()}
-        self._zero_state = drop_zero_state(model, self.state_owner, self._state) if own_model else frozenset()
         self._main_consts, self._main_static = placed[None], self.graph.initializers
         self._algorithm_consts = [placed[a.index] for a in self.algorithms]
         self._algorithm_static = [a.graph.initializers for a in self.algorithms]
@@ -288,8 +284,7 @@ class Engine:
             self._rebuild = self.reset
 
     def _put_stored_state(self, step_count: int) -> None:
-        stored = stored_state(self.model, self.state_owner, self._zero_state)
-        self._state = {name: self._put(name, value) for name, value in stored}
+        self._state = {name: self._put(name, value) for name, value in stored_state(self.model, self.state_owner)}
         self.step_count = step_count
         self._step = None
 
@@ -376,8 +371,7 @@ def load(
     enable_compilation_cache()
     model, _folder = read_model(source)
     return Engine(model, seed=seed, check=check, devices=devices, matmul_precision=matmul_precision,
-                  shard_state=shard_state, mixed_precision=mixed_precision, loss_scale=loss_scale,
-                  own_model=not isinstance(source, onnx.ModelProto))
+                  shard_state=shard_state, mixed_precision=mixed_precision, loss_scale=loss_scale)
 
 
 

@@ -9,7 +9,7 @@ from typing import Any, BinaryIO, Iterator, Mapping
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import numpy_helper
 from onnx.external_data_helper import set_external_data
 
 from . import big_models
@@ -57,39 +57,17 @@ def with_state(
     return result
 
 
-def state_tensors(model: onnx.ModelProto, state_owner: Mapping[str, int | None]) -> dict[str, TensorProto]:
-    """The dense initializer of each state variable (sparse ones aside), in its owner's graph."""
-    graphs = {None: model.graph, **{k: info.algorithm for k, info in enumerate(model.training_info)}}
-    tensors = {owner: {t.name: t for t in graph.initializer} for owner, graph in graphs.items()}
-    return {name: tensors[owner][name] for name, owner in state_owner.items() if name in tensors[owner]}
-
-
-def drop_zero_state(model: onnx.ModelProto, state_owner: Mapping[str, int | None],
-                    values: Mapping[str, Any]) -> frozenset[str]:
-    """Clear, in `model`, the data of the state variables whose `values` are all zero; returns their names.
-    `stored_state` recreates them from their dims and type; `with_state` writes them from the state anyway."""
-    tensors = state_tensors(model, state_owner)
-    zero = frozenset(n for n, t in tensors.items() if t.HasField("raw_data") and not np.any(host_array(values[n])))
-    for name in zero:
-        tensors[name].ClearField("raw_data")
-    return zero
-
-
-def stored_state(model: onnx.ModelProto, state_owner: Mapping[str, int | None],
-                 zero: frozenset[str] = frozenset()) -> Iterator[tuple[str, np.ndarray]]:
+def stored_state(model: onnx.ModelProto, state_owner: Mapping[str, int | None]) -> Iterator[tuple[str, np.ndarray]]:
     """(name, value) of each state variable as `model`'s initializers store it (the spec's pre-initialized
     state), decoded one at a time so that a caller moving them to a device holds one decoded copy at most.
-    `state_owner` as for `with_state`; `zero`: the variables `drop_zero_state` cleared."""
-    tensors = state_tensors(model, state_owner)
+    `state_owner` as for `with_state`."""
     graphs = {None: model.graph, **{k: info.algorithm for k, info in enumerate(model.training_info)}}
+    tensors = {owner: {t.name: t for t in graph.initializer} for owner, graph in graphs.items()}
     sparse = {owner: {t.values.name: t for t in graph.sparse_initializer} for owner, graph in graphs.items()}
     for name, owner in state_owner.items():
         label = f"initializer {name!r}"
-        if name in zero:
-            tensor = tensors[name]
-            yield name, np.zeros(tuple(tensor.dims), helper.tensor_dtype_to_np_dtype(tensor.data_type))
-        elif name in tensors:
-            yield name, tensor_value(tensors[name], label)
+        if name in tensors[owner]:
+            yield name, tensor_value(tensors[owner][name], label)
         else:
             yield name, sparse_to_dense(sparse[owner][name], f"sparse {label}", max_bytes=PROTOBUF_LIMIT)
 
