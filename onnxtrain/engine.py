@@ -26,7 +26,7 @@ import onnx
 from .cache import enable_compilation_cache
 from .dtypes import HOST_ONLY_DTYPES, is_float
 from .errors import StateError, StepError
-from .export import save_atomic, saved_step_count, stored_state, with_initializers, with_state
+from .export import save_atomic, saved_step_count, stored_state, with_initializers, with_state, without_zero_state
 from .feeds import FeedChecker, array_signature
 from .lower.autocast import mixed_precision_of
 from .lower.folding import load_time_constants
@@ -64,13 +64,16 @@ class Engine:
     def __init__(
         self, model: onnx.ModelProto, seed: int = 0, check: bool = True, devices: Sequence[jax.Device] | None = None,
         matmul_precision: str = "highest", shard_state: bool = False, mixed_precision: str | None = None,
-        loss_scale: float | None = None,
+        loss_scale: float | None = None, zero_state: frozenset[str] = frozenset(),
     ):
+        """`zero_state`: state variables `model` holds without their bytes, which are all zero
+        (export.without_zero_state; `load` does so for a model it read itself)."""
         self.mixed_precision = mixed_precision_of(mixed_precision, loss_scale)  # lower/autocast.py
         if check:
             check_model(model)
         self.model = model
-        resolver = model_resolver(model)
+        self._zero_state = zero_state
+        resolver = model_resolver(model, zero_state)
         self.graph = build_graph(model.graph, resolver)
         self.algorithms: list[Algorithm] = parse_training_info(model, self.graph, resolver)
         raise_if_missing(resolver)
@@ -284,7 +287,8 @@ class Engine:
             self._rebuild = self.reset
 
     def _put_stored_state(self, step_count: int) -> None:
-        self._state = {name: self._put(name, value) for name, value in stored_state(self.model, self.state_owner)}
+        stored = stored_state(self.model, self.state_owner, self._zero_state)
+        self._state = {name: self._put(name, value) for name, value in stored}
         self.step_count = step_count
         self._step = None
 
@@ -370,8 +374,15 @@ def load(
     pass is seeded with so float16 gradients do not underflow (onnxtrain/lower/autocast.py)."""
     enable_compilation_cache()
     model, _folder = read_model(source)
+    zero_state: frozenset[str] = frozenset()
+    if not isinstance(source, onnx.ModelProto):  # read here, so no one else holds it: its zero state can go
+        if check:
+            check_model(model)
+            check = False
+        model, zero_state = without_zero_state(model)
     return Engine(model, seed=seed, check=check, devices=devices, matmul_precision=matmul_precision,
-                  shard_state=shard_state, mixed_precision=mixed_precision, loss_scale=loss_scale)
+                  shard_state=shard_state, mixed_precision=mixed_precision, loss_scale=loss_scale,
+                  zero_state=zero_state)
 
 
 

@@ -9,7 +9,7 @@ from typing import Any, BinaryIO, Iterator, Mapping
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import TensorProto, numpy_helper
 from onnx.external_data_helper import set_external_data
 
 from . import big_models
@@ -17,7 +17,7 @@ from .atomic import TOKEN_HEX, new_token, remove_matching, replace_atomically, u
 from .big_models import PROTOBUF_LIMIT, exceeds_protobuf_limit, initializer_graphs, lean_copy, weight_tensors
 from .errors import ExportError, ModelLoadError
 from .placement import host_array
-from .tensor_data import sparse_to_dense, tensor_value
+from .tensor_data import holds_no_data, raw_size, sparse_to_dense, tensor_value, zeros_of
 
 STEP_METADATA_KEY = "onnxtrain.step"  # metadata_props key of an exported model's train step count
 DATA_ALIGNMENT = 64  # bytes; each tensor starts at a multiple of this in the data file
@@ -57,16 +57,44 @@ def with_state(
     return result
 
 
-def stored_state(model: onnx.ModelProto, state_owner: Mapping[str, int | None]) -> Iterator[tuple[str, np.ndarray]]:
+def without_zero_state(model: onnx.ModelProto) -> tuple[onnx.ModelProto, frozenset[str]]:
+    """`model` without the bytes of its state variables (binding keys) whose bytes are all zero, and their names:
+    an optimizer's moments start at zero and are each as large as the weights. A copy, because protobuf (upb)
+    keeps a cleared field's memory in its message's arena: the caller must hold no other reference to `model`
+    for its memory to go. `stored_state` and build_graph (through the resolver) recreate the zeros."""
+    keys = {e.key for info in model.training_info for e in (*info.initialization_binding, *info.update_binding)}
+    graphs = [model.graph] + [info.algorithm for info in model.training_info]
+    zero = frozenset(t.name for g in graphs for t in g.initializer if t.name in keys and holds_zeros(t))
+    if not zero:
+        return model, zero
+    return lean_copy(model, lambda tensor: tensor.name in zero and holds_zeros(tensor)), zero
+
+
+def holds_zeros(tensor: TensorProto) -> bool:
+    """raw_data of exactly the size the dims and type need, all zero bytes (a malformed tensor keeps its bytes,
+    for tensor_value to name what is wrong)."""
+    if not tensor.HasField("raw_data"):
+        return False
+    raw = tensor.raw_data
+    try:
+        return len(raw) == raw_size(tensor, "") and not raw.strip(b"\0")
+    except ModelLoadError:
+        return False
+
+
+def stored_state(model: onnx.ModelProto, state_owner: Mapping[str, int | None],
+                 zero: frozenset[str] = frozenset()) -> Iterator[tuple[str, np.ndarray]]:
     """(name, value) of each state variable as `model`'s initializers store it (the spec's pre-initialized
     state), decoded one at a time so that a caller moving them to a device holds one decoded copy at most.
-    `state_owner` as for `with_state`."""
+    `state_owner` as for `with_state`; `zero`: the variables `without_zero_state` took the bytes of."""
     graphs = {None: model.graph, **{k: info.algorithm for k, info in enumerate(model.training_info)}}
     tensors = {owner: {t.name: t for t in graph.initializer} for owner, graph in graphs.items()}
     sparse = {owner: {t.values.name: t for t in graph.sparse_initializer} for owner, graph in graphs.items()}
     for name, owner in state_owner.items():
         label = f"initializer {name!r}"
-        if name in tensors[owner]:
+        if name in zero and holds_no_data(tensors[owner][name]):
+            yield name, zeros_of(tensors[owner][name])
+        elif name in tensors[owner]:
             yield name, tensor_value(tensors[owner][name], label)
         else:
             yield name, sparse_to_dense(sparse[owner][name], f"sparse {label}", max_bytes=PROTOBUF_LIMIT)

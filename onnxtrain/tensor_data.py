@@ -99,6 +99,18 @@ def tensor_value(tensor: TensorProto, label: str | None = None) -> np.ndarray:
     return numpy_helper.to_array(tensor)
 
 
+def holds_no_data(tensor: TensorProto) -> bool:
+    """Neither raw_data nor entries in the typed field: how export.without_zero_state leaves a zero tensor."""
+    if tensor.HasField("raw_data") or tensor.data_type not in KNOWN_TYPES or tensor.data_type == TensorProto.STRING:
+        return False
+    return len(getattr(tensor, helper.tensor_dtype_to_field(tensor.data_type))) == 0
+
+
+def zeros_of(tensor: TensorProto) -> np.ndarray:
+    """Zeros of `tensor`'s dims and type (the OS maps the pages only when written)."""
+    return np.zeros(tuple(tensor.dims), helper.tensor_dtype_to_np_dtype(tensor.data_type))
+
+
 def sparse_to_dense(sparse: onnx.SparseTensorProto, label: str, max_bytes: int) -> np.ndarray:
     """A SparseTensorProto as a dense array (indices are flat positions, or one coordinate row per value).
     Its dense size is bounded by `max_bytes`: unlike a dense tensor, no data in the file backs it."""

@@ -79,3 +79,31 @@ def test_a_trainable_model_carries_its_zero_optimizer_state_once(tmp_path):
     x = np.random.default_rng(1).standard_normal((4, WIDTHS[0]), np.float32)
     engine.train_step({"X": x, "target": np.zeros((4, WIDTHS[-1]), np.float32)})
     assert np.any(np.asarray(engine.state["W0.adam_m"])) and np.any(np.asarray(engine.state["W0.adam_v"]))
+
+
+def test_an_engine_that_read_the_file_keeps_no_bytes_of_zero_state(tmp_path):
+    """load(path) owns the proto it reads, so it keeps a copy without the zero state's bytes (Adam's moments,
+    as large as the weights each), and still resets, trains and exports that state as the spec says."""
+    model, size = wide_mlp()
+    trainable = onnxtrain.make_trainable(model, loss="mse", optimizer="adam", learning_rate=0.01)
+    path = tmp_path / "adam.onnx"
+    onnx.save(trainable, path)
+    engine = onnxtrain.load(path)
+    assert engine.model.ByteSize() < 1.2 * size < 0.5 * path.stat().st_size  # the weights' bytes, not 3x
+    x = np.random.default_rng(1).standard_normal((4, WIDTHS[0]), np.float32)
+    engine.train_step({"X": x, "target": np.zeros((4, WIDTHS[-1]), np.float32)})
+    out = tmp_path / "trained.onnx"
+    engine.export(out)
+    exported = onnx.load(out)
+    onnx.checker.check_model(exported)
+    saved = {t.name: numpy_helper.to_array(t) for info in exported.training_info for t in info.algorithm.initializer}
+    assert np.any(saved["W0.adam_m"]) and np.any(saved["W0.adam_v"])
+    for name in saved:
+        if name in engine.state:
+            np.testing.assert_array_equal(saved[name], np.asarray(engine.state[name]), err_msg=name)
+    engine.reset()
+    assert not np.any(np.asarray(engine.state["W0.adam_m"])) and not np.any(np.asarray(engine.state["W0.adam_v"]))
+    np.testing.assert_array_equal(np.asarray(engine.state["W0"]), numpy_helper.to_array(model.graph.initializer[0]))
+    before = trainable.SerializeToString()  # a proto handed in is the caller's: left whole
+    onnxtrain.load(trainable)
+    assert trainable.SerializeToString() == before

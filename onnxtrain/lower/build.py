@@ -20,7 +20,7 @@ from .. import tensor_data
 from ..big_models import PROTOBUF_LIMIT
 from ..errors import ModelLoadError, UnsupportedOpError
 from ..ir import Graph, Node, ValueInfo
-from ..tensor_data import decode_utf8, known_type, tensor_value
+from ..tensor_data import decode_utf8, holds_no_data, known_type, tensor_value, zeros_of
 from ..well_formed import check_well_formed
 from .registry import canonical_domain, lookup, schema_for
 
@@ -33,6 +33,8 @@ class Resolver:
     functions: dict[tuple[str, str], onnx.FunctionProto]
     missing: list[tuple[str, str, int]] = field(default_factory=list)
     checked: set[tuple[str, str]] = field(default_factory=set)  # local functions whose bodies were bound
+    # initializers the model holds without their bytes because they are all zero (export.without_zero_state)
+    zero_initializers: frozenset[str] = frozenset()
 
     def with_opsets(self, opset_import, owner: str = "a function") -> "Resolver":
         return Resolver(opset_versions(opset_import, owner), self.functions, self.missing, self.checked)
@@ -173,7 +175,8 @@ def schema_has_body(schema: onnx.defs.OpSchema | None, opset: int | None) -> boo
 
 
 def build_graph(proto: onnx.GraphProto, resolver: Resolver) -> Graph:
-    initializers = {t.name: tensor_value(t, f"initializer {t.name!r}") for t in proto.initializer}
+    initializers = {t.name: zeros_of(t) if t.name in resolver.zero_initializers and holds_no_data(t)
+                    else tensor_value(t, f"initializer {t.name!r}") for t in proto.initializer}
     for sparse in proto.sparse_initializer:
         initializers[sparse.values.name] = sparse_to_dense(sparse, f"sparse initializer {sparse.values.name!r}")
     return Graph(
@@ -196,11 +199,12 @@ def check_function_body(key: tuple[str, str], resolver: Resolver) -> None:
         build_node(node, inner, caller_attributes=None)
 
 
-def model_resolver(model: onnx.ModelProto) -> Resolver:
+def model_resolver(model: onnx.ModelProto, zero_initializers: frozenset[str] = frozenset()) -> Resolver:
     """The opsets and functions nodes bind with, once the model is known to be well formed (well_formed.py)."""
     check_well_formed(model)
     functions = {(f.domain, f.name): f for f in model.functions}
-    return Resolver(opset_versions(model.opset_import, "the model"), functions)
+    return Resolver(opset_versions(model.opset_import, "the model"), functions,
+                    zero_initializers=zero_initializers)
 
 
 def raise_if_missing(resolver: Resolver) -> None:
