@@ -105,6 +105,19 @@ def onnxtrain_peer(folder: Path, batch: int,
             lambda: jax.block_until_ready(engine.infer(infer_feeds)))
 
 
+def served_peer(folder: Path, batch: int) -> Callable[[], Any]:
+    """onnxtrain's `infer` of the export as it is (no training, so its weights are constants), as a user serving
+    the model loads it."""
+    import jax
+
+    import onnxtrain
+
+    engine = onnxtrain.load(folder / "model.onnx")
+    with np.load(folder / f"feeds-{batch}.npz") as data, jax.enable_x64(True):
+        feeds = {k: jax.device_put(data[k]) for k in data.files if k != "target"}
+    return lambda: jax.block_until_ready(engine.infer(feeds))
+
+
 def torch_peer(name: str, batch: int, mixed: str | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """(train step, infer) of PyTorch eager; with `mixed`, the forward and loss under torch.autocast (its CPU
     rule: the products in that type, float32 parameters and optimizer)."""
@@ -191,7 +204,8 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int,
     folder = exported(name, exporter, batch)
     train_ot, infer_ot = onnxtrain_peer(folder, batch)
     train_pt, infer_pt = torch_peer(name, batch)
-    calls = {"train onnxtrain": train_ot, "train torch": train_pt, "infer onnxtrain": infer_ot, "infer torch": infer_pt}
+    calls = {"train onnxtrain": train_ot, "train torch": train_pt, "infer onnxtrain": infer_ot, "infer torch": infer_pt,
+             "served onnxtrain": served_peer(folder, batch)}
     if mixed:  # timed in the same alternating rounds as the float32 peers
         calls["mixed onnxtrain"] = onnxtrain_peer(folder, batch, mixed)[0]
         calls["mixed torch"] = torch_peer(name, batch, mixed)[0]
@@ -209,6 +223,7 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int,
     rows = [
         (name, "train step (ms)", median["train onnxtrain"] * 1e3, median["train torch"] * 1e3),
         (name, "infer (ms)", median["infer onnxtrain"] * 1e3, median["infer torch"] * 1e3),
+        (name, "infer, inference model (ms)", median["served onnxtrain"] * 1e3, median["infer torch"] * 1e3),
         (name, "first train step, cold (s)", cold["first"], torch_child["first"]),
         (name, "first train step, warm cache (s)", warm["first"], torch_child["first"]),
         (name, "peak RSS (MB)", cold["peak"] / mb, torch_child["peak"] / mb),

@@ -32,6 +32,7 @@ from .lower.autocast import mixed_precision_of
 from .lower.folding import load_time_constants
 from .ir import Graph, ValueInfo
 from .lower.build import build_graph, model_resolver, raise_if_missing
+from .lower.layout import KernelLast, kernel_only_weights
 from .model import ModelSource, check_model, read_model
 from .placement import Placement, host_array
 from .program import Program, tracing
@@ -110,8 +111,17 @@ class Engine:
         owned = set(self.state_owner)
         moving = {owner: [n for n, v in graph.initializers.items() if on_device(n, v, owned)]
                   for owner, graph in graphs.items()}
-        placed = {owner: {n: self._put(n, graphs[owner].initializers.pop(n)) for n in names}
-                  for owner, names in moving.items()}
+        # a constant kernel that only convolutions read is stored once in their order (lower/layout.py)
+        kernels = set() if self._placement.platform != "cpu" else kernel_only_weights(
+            self.graph.nodes, [n for a in self.algorithms for n in a.graph.nodes], set(moving[None]) - owned)
+
+        def place(owner: int | None, name: str) -> Any:
+            value = graphs[owner].initializers.pop(name)
+            if owner is None and name in kernels:
+                return KernelLast(self._put(name, KernelLast.of(value).data))
+            return self._put(name, value)
+
+        placed = {owner: {n: place(owner, n) for n in names} for owner, names in moving.items()}
         self._state = {n: placed[owner].pop(n) for n, owner in self.state_owner.items()}
         self._main_consts, self._main_static = placed[None], self.graph.initializers
         self._algorithm_consts = [placed[a.index] for a in self.algorithms]
@@ -306,7 +316,8 @@ class Engine:
         and differentiable in `params` (every float initializer and state variable of the main graph).
 
         It traces under JAX's x64 mode so ONNX's int64/double values keep their dtypes."""
-        params = {**self._main_consts, **{n: v for n, v in self._state.items() if self.state_owner[n] is None}}
+        consts = {n: v.as_onnx() if isinstance(v, KernelLast) else v for n, v in self._main_consts.items()}
+        params = {**consts, **{n: v for n, v in self._state.items() if self.state_owner[n] is None}}
 
         def fn(params: Mapping[str, Any], feeds: Mapping[str, Any]) -> dict[str, Any]:
             with jax.enable_x64(True), tracing(self.matmul_precision, self._placement.platform):

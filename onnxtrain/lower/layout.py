@@ -11,6 +11,10 @@ unconverted to the next op when that op is
 Every other consumer (Flatten, Reshape, a graph output, a state assignment, a subgraph) sees the ordinary
 channels-first array. Without this, a Relu between a convolution and a pool sat in channels-first layout and the
 gradient paid two transposes of every activation (benchmarks/README.md, "How the design's choices measured").
+
+Weights take the same idea once, at load: a constant kernel (O, I, *kernel) that only convolutions read is held
+as a `KernelLast` (*kernel, I, O), the order XLA-CPU's convolutions read, instead of being transposed on every
+call (`kernel_only_weights` says which).
 """
 
 from __future__ import annotations
@@ -68,6 +72,81 @@ class ChannelsLast:
     @property
     def dtype(self) -> Any:
         return self.data.dtype
+
+
+@jax.tree_util.register_pytree_node_class
+class KernelLast:
+    """A convolution kernel (O, I, *kernel) stored as (*kernel, I, O). `shape`, `ndim` and `dtype` describe the
+    kernel the model sees. XLA-CPU copied an ONNX-ordered kernel into this order on every call, its 3x3 axes
+    moving innermost: ResNet-18's inference (batch 2) spent ~40 % of its time in those copies."""
+
+    def __init__(self, data: Any):
+        self.data = data
+
+    @classmethod
+    def of(cls, kernel: np.ndarray) -> "KernelLast":
+        return cls(np.ascontiguousarray(np.transpose(kernel, (*range(2, kernel.ndim), 1, 0))))
+
+    def tree_flatten(self) -> tuple[tuple[Any], None]:
+        return (self.data,), None
+
+    @classmethod
+    def tree_unflatten(cls, _: None, children: tuple[Any]) -> "KernelLast":
+        return cls(children[0])
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        s = self.data.shape
+        return (s[-1], s[-2], *s[:-2])
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    @property
+    def dtype(self) -> Any:
+        return self.data.dtype
+
+    def astype(self, dtype: Any) -> "KernelLast":
+        return KernelLast(self.data.astype(dtype))
+
+    def as_onnx(self) -> Any:
+        """The kernel in ONNX's (O, I, *kernel) order."""
+        rank = self.data.ndim
+        return jnp.transpose(self.data, (rank - 1, rank - 2, *range(rank - 2)))
+
+
+def kernel_last(w: Any) -> Any:
+    """The (*kernel, I, O) data of a KernelLast, or of an ONNX-ordered kernel (transposed)."""
+    return w.data if isinstance(w, KernelLast) else jnp.transpose(w, (*range(2, w.ndim), 1, 0))
+
+
+def kernel_only_weights(main: Sequence[Any], others: Sequence[Any], names: set[str]) -> set[str]:
+    """Those of `names` that every reference reads as a convolution kernel: `main` (the inference graph's nodes)
+    reads them only as Conv's W, and no node of `others` (the algorithm graphs' nodes) or of any subgraph names
+    them, as an input or in an attribute (Gradient's xs). Only such a weight can be a KernelLast: every other
+    op reads ONNX's order."""
+    kernels = {n for node in main if node.op_type == "Conv" and not node.domain
+               for i, n in enumerate(node.inputs) if i == 1 and n in names}
+    elsewhere: set[str] = set()
+
+    def visit(node: Any, top_conv: bool) -> None:
+        for i, name in enumerate(node.inputs):
+            if not (top_conv and i == 1):
+                elsewhere.add(name)
+        for value in node.attributes.values():
+            for item in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(item, str):
+                    elsewhere.add(item)
+                elif hasattr(item, "nodes"):  # a subgraph
+                    for inner in item.nodes:
+                        visit(inner, False)
+
+    for node in main:
+        visit(node, node.op_type == "Conv" and not node.domain)
+    for node in others:
+        visit(node, False)
+    return kernels - elsewhere
 
 
 def strided(data: Any, grid: Grid) -> Any:

@@ -20,7 +20,7 @@ import numpy as np
 from jax import lax
 
 from ..autocast import low_precision
-from ..layout import CHANNELS_LAST, ChannelsLast, Grid, channels_first, channels_last, strided
+from ..layout import CHANNELS_LAST, ChannelsLast, Grid, KernelLast, channels_first, channels_last, kernel_last, strided
 from ..registry import op, versions
 from ..sampling import gather_taps, linear_taps
 from ..target import target_platform
@@ -49,15 +49,15 @@ def convolve(
     accumulate=None,
     bias=None,
 ):
-    """ONNX-layout convolution (x: N,C,*S, possibly held channels-last; w: O,C/groups,*K) plus an optional
-    bias, computed and returned channels-last."""
+    """ONNX-layout convolution (x: N,C,*S, possibly held channels-last; w: O,C/groups,*K, possibly held as a
+    KernelLast) plus an optional bias, computed and returned channels-last."""
     rank = x.ndim - 2
     if x.shape[1] != w.shape[1] * groups:
         raise ValueError(f"X has {x.shape[1]} channels, W expects {w.shape[1]} per group x {groups} groups")
     if w.shape[0] % groups:
         raise ValueError(f"W's {w.shape[0]} output channels do not divide into {groups} groups")
     geometry = Geometry(tuple(strides), tuple(tuple(p) for p in padding), tuple(dilations), groups)
-    x, w = channels_last(x), jnp.transpose(w, (*range(2, rank + 2), 1, 0))
+    x, w = channels_last(x), kernel_last(w)
 
     def biased(y):  # channels-last: the bias broadcasts along the minor axis
         return y if bias is None else y + jnp.asarray(bias).astype(y.dtype)
