@@ -1,0 +1,65 @@
+"""The forms a convolution takes on the CPU (onnxtrain/lower/ops/conv.py): XLA's convolution, one product of the
+patches (1x1 kernels, strided and deep ones), either with the kernel in ONNX's order (a trained weight) or in
+the convolution's (a constant, layout.KernelLast). Every form gives the reference's values, and PyTorch's
+gradients for the input and the kernel."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import onnxtrain
+from onnxtrain.lower.ops.conv import Geometry, prefers_patches
+from nodes import graph_model, run_both, value
+
+torch = pytest.importorskip("torch")
+
+RNG = np.random.default_rng(7)
+
+# (input channels, output channels, kernel, stride, dilation, pads (begin, begin, end, end), size, batch, patches)
+CASES = {
+    "strided 3x3 over 64 channels": (64, 8, 3, 2, 1, (1, 1, 1, 1), 9, 2, True),
+    "deep 3x3 over 256 channels": (256, 4, 3, 1, 1, (1, 1, 1, 1), 5, 2, True),
+    "1x1, strided, padded at the end": (16, 8, 1, 2, 1, (0, 0, 1, 1), 7, 3, True),
+    "dilated strided 3x3 over 64 channels": (64, 6, 3, 2, 2, (2, 1, 2, 1), 11, 2, True),
+    "shallower 3x3: XLA's convolution": (32, 8, 3, 1, 1, (1, 1, 1, 1), 8, 2, False),
+}
+
+
+def case_model(c_in, c_out, k, stride, dilation, pads, size, batch):
+    x = RNG.standard_normal((batch, c_in, size, size)).astype(np.float32)
+    w = (RNG.standard_normal((c_out, c_in, k, k)) / np.sqrt(c_in * k * k)).astype(np.float32)
+    b = RNG.standard_normal(c_out).astype(np.float32)
+    node = helper.make_node("Conv", ["X", "W", "B"], ["Y"], strides=[stride] * 2, dilations=[dilation] * 2,
+                            pads=list(pads))
+    model = graph_model([node], [value("X", TensorProto.FLOAT, list(x.shape))], ["Y"], {"W": w, "B": b})
+    return model, x, w, b
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_each_form_matches_the_reference_and_pytorchs_gradients(case: str):
+    *shape, patches = CASES[case]
+    c_in, c_out, k, stride, dilation, pads, size, batch = shape
+    geometry = Geometry((stride,) * 2, ((pads[0], pads[2]), (pads[1], pads[3])), (dilation,) * 2)
+    assert prefers_patches((batch, size, size, c_in), np.empty((k, k, c_in, c_out)), geometry) == patches
+    model, x, w, b = case_model(*shape)
+    ours, theirs = run_both(model, {"X": x})  # the kernel a constant: stored in the convolution's order
+    np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-4, atol=1e-4)
+
+    fn, params = onnxtrain.load(model, check=False).jax_function()  # the kernel in ONNX's order, differentiated
+    cotangent = RNG.standard_normal(ours[0].shape).astype(np.float32)
+
+    def loss(p: dict, x: jax.Array) -> jax.Array:
+        return (fn(p, {"X": x})["Y"] * cotangent).sum()
+
+    grads, grad_x = jax.grad(loss, argnums=(0, 1))(params, x)
+    xt, wt, bt = (torch.tensor(v, requires_grad=True) for v in (x, w, b))
+    padded = torch.nn.functional.pad(xt, (pads[1], pads[3], pads[0], pads[2]))
+    y = torch.nn.functional.conv2d(padded, wt, bt, stride=stride, dilation=dilation)
+    (y * torch.from_numpy(cotangent)).sum().backward()
+    np.testing.assert_allclose(np.asarray(fn(params, {"X": x})["Y"]), y.detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(grads["W"]), wt.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(grads["B"]), bt.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(grad_x), xt.grad.numpy(), rtol=1e-4, atol=1e-4)
