@@ -24,6 +24,8 @@ CASES = {
     "deep 3x3 over 256 channels": (256, 4, 3, 1, 1, (1, 1, 1, 1), 5, 2, True),
     "1x1, strided, padded at the end": (16, 8, 1, 2, 1, (0, 0, 1, 1), 7, 3, True),
     "dilated strided 3x3 over 64 channels": (64, 6, 3, 2, 2, (2, 1, 2, 1), 11, 2, True),
+    "strided 3x3 over 16 channels": (16, 8, 3, 2, 1, (1, 1, 1, 1), 9, 2, True),
+    "a first layer's strided 7x7 over 3 channels (trained kernels only)": (3, 8, 7, 2, 1, (3, 3, 3, 3), 16, 2, True),
     "shallower 3x3: XLA's convolution": (32, 8, 3, 1, 1, (1, 1, 1, 1), 8, 2, False),
 }
 

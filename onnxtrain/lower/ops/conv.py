@@ -73,8 +73,9 @@ def convolve(
             return biased(shallow_convolution(x, w, geometry, grid))
 
         return ChannelsLast(at(None), at)
-    if groups == 1 and not input_dilation and accumulate is None and cpu and prefers_patches(x.shape, last, geometry):
-        stored_last = isinstance(w, KernelLast)
+    stored_last = isinstance(w, KernelLast)
+    dense = groups == 1 and not input_dilation and accumulate is None
+    if dense and cpu and prefers_patches(x.shape, last, geometry, constant=stored_last):
         (x, kernel), accumulate = low_precision(x, w.data if stored_last else w)
         return ChannelsLast(biased(patches_convolution(x, kernel, stored_last, geometry, accumulate)))
     w = kernel_last(w)
@@ -113,20 +114,21 @@ DEPTHWISE_TAPS = 64
 
 
 # Where XLA-CPU's convolution loses to one matrix product of the patches (the kernel taps' shifted views side by
-# side, as im2col builds them) with the kernel as it is stored, so that neither the kernel nor its gradient is
-# transposed (an ONNX-ordered kernel meets patches of (I, taps) columns; the 3x3 axes moved innermost in the
-# kernel's transposes made them the slow part). Train step with SGD's update ÷ XLA's, 2 cores, batch 2 / 16:
-# a 1x1 kernel 0.46-0.78 / 0.42; a 3x3 one strided over 64-256 channels 0.31-0.91 / 0.82; a 3x3 one over 256
-# channels at 14x14 0.67 / 1.30, over 512 at 7x7 0.27 / 0.67, over 64-128 channels 1.5 (not taken): deep
-# layers of few positions. The patches are kept for the kernel's gradient: at most PATCHES_ELEMENTS of them.
-PATCHES_STRIDED_CONTRACTION = 576  # taps x input channels
+# side, as im2col builds them). Train step (input and kernel gradients, SGD's update) ÷ XLA's, 2 cores, batch
+# 2 / 16: a 1x1 kernel 0.43-0.73 / 0.44; a 3x3 one strided over 16-256 channels 0.28-0.81 / 0.39-0.67; a first
+# layer's strided 5x5 / 7x7 over 3 channels (kernel gradient only) 0.43-0.54 / 0.69; a 3x3 one over 256
+# channels at 14x14 0.67 / 1.30, over 512 at 7x7 0.28 / 0.67, over 64-128 channels 1.5: deep layers of few
+# positions. The patches are kept for the kernel's gradient: at most PATCHES_ELEMENTS of them.
+PATCHES_STRIDED_CONTRACTION = 144  # taps x input channels
+PATCHES_FEW_CHANNELS = 4  # input channels of a strided first layer
 PATCHES_CONTRACTION = 2304
 PATCHES_POSITIONS = 1024  # batch x output positions, with PATCHES_CONTRACTION
 PATCHES_ELEMENTS = 2**23
 
 
-def prefers_patches(x_shape: Sequence[int], w, geometry: Geometry) -> bool:
-    """x_shape: (N, *S, C); w: (*kernel, I, O) (its shape only)."""
+def prefers_patches(x_shape: Sequence[int], w, geometry: Geometry, constant: bool = False) -> bool:
+    """x_shape: (N, *S, C); w: (*kernel, I, O) (its shape only); `constant`: a kernel nothing differentiates
+    (a KernelLast), for which a first layer's patches only slow the forward pass (ResNet-18's by 6 ms)."""
     taps = math.prod(w.shape[:-2])
     if taps == 1:
         return True
@@ -137,21 +139,25 @@ def prefers_patches(x_shape: Sequence[int], w, geometry: Geometry) -> bool:
     if positions * contraction > PATCHES_ELEMENTS:
         return False
     strided = all(s > 1 for s in geometry.strides)
-    return (strided and contraction >= PATCHES_STRIDED_CONTRACTION) or (
+    first_layer = w.shape[-2] <= PATCHES_FEW_CHANNELS and not constant
+    return (strided and (contraction >= PATCHES_STRIDED_CONTRACTION or first_layer)) or (
         contraction >= PATCHES_CONTRACTION and positions <= PATCHES_POSITIONS)
 
 
 def patches_convolution(x, kernel, stored_last: bool, geometry: Geometry, accumulate=None):
-    """A dense convolution of channels-last x as one product of its patches with the kernel as stored: ONNX's
-    (O, I, *K) (patches of (I, taps) columns), or a KernelLast's (*K, I, O) data (patches of (taps, I))."""
+    """A dense convolution of channels-last x as one product of its patches with the kernel: ONNX's (O, I, *K)
+    or a KernelLast's (*K, I, O) data (`stored_last`). A large kernel (more outputs than half the positions)
+    is read as ONNX stores it, against patches of (I, taps) columns, so neither it nor its gradient is
+    transposed (ResNet-18's 512-channel layers: 0.37x the time of the taps-major form); otherwise the patches
+    are taps-major, the cheaper layout to build (0.47-0.84x), against the kernel as (taps x I, O)."""
     last_shape = kernel.shape if stored_last else (*kernel.shape[2:], kernel.shape[1], kernel.shape[0])
     views = [view for _, view in _shallow_views(x, jax.ShapeDtypeStruct(last_shape, kernel.dtype), geometry, None)]
-    outputs = last_shape[-1]
-    if stored_last:
-        patches, matrix, contract = jnp.concatenate(views, axis=-1), kernel.reshape(-1, outputs), 0
-    else:
+    positions, outputs = views[0].shape[:-1], last_shape[-1]
+    if not stored_last and 2 * outputs >= math.prod(positions):
         patches, matrix, contract = jnp.stack(views, axis=-1), kernel.reshape(outputs, -1), 1
-    positions = patches.shape[:x.ndim - 1]
+    else:
+        taps_major = kernel if stored_last else kernel_last(kernel)
+        patches, matrix, contract = jnp.concatenate(views, axis=-1), taps_major.reshape(-1, outputs), 0
     y = lax.dot_general(patches.reshape(math.prod(positions), -1), matrix, (((1,), (contract,)), ((), ())),
                         preferred_element_type=accumulate)
     return y.reshape(*positions, outputs)
