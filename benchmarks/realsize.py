@@ -7,7 +7,8 @@ Each model (benchmarks/realsize_models.py, random weights) is exported once by `
 dynamo`, PyTorch's default, or `torchscript`) into benchmarks/.realsize/ and reused by later runs. onnxtrain
 trains it with `make_trainable(loss="cross_entropy", optimizer="sgd", trainable=<the module's parameter names>)`,
 PyTorch with `cross_entropy`, `backward` and `torch.optim.SGD` on the same module. The train step and inference
-are timed in this process in rounds alternating between the two; the first train step (cold, and with a warm
+are timed in this process in rounds alternating between the two (and the inference of the export itself, loaded
+without training, against the same PyTorch inference); the first train step (cold, and with a warm
 persistent compilation cache) and the peak resident memory in a fresh process per peer. `--mixed-precision`
 adds a train step and a peak memory row per model in that type: onnxtrain's `load(mixed_precision=...)` against
 PyTorch's step under `torch.autocast("cpu", dtype)`. `--write` puts the table into benchmarks/README.md between
