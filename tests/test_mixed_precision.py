@@ -70,6 +70,26 @@ def test_products_compute_on_bfloat16_operands_with_float32_accumulation(index):
     assert np.max(np.abs(full - y)) > 1e-3  # bfloat16's rounding (2**-9 relative) shows at this size
 
 
+@pytest.mark.parametrize("index", range(2), ids=["matmul", "gemm"])
+def test_a_weights_gradient_is_the_bfloat16_product_of_the_rounded_input_and_gradient(index):
+    """The weight's gradient of a mixed-precision MatMul / Gemm (linalg.weight_product: the input's transpose
+    copied row-major, so XLA-CPU keeps the product in bfloat16) is x^T g on bfloat16-rounded operands,
+    accumulated in float32 and rounded to bfloat16, as torch.autocast's backward computes it; the input's
+    gradient is g W^T likewise."""
+    jax = pytest.importorskip("jax")
+    model, x = list(cases(np.random.default_rng(index)))[index]
+    fn, params = onnxtrain.load(model, mixed_precision="bfloat16").jax_function()
+    cotangent = np.random.default_rng(9).normal(size=np.asarray(fn(params, {"X": x})["Y"]).shape).astype(np.float32)
+    grads, grad_x = jax.grad(lambda p, x: (fn(p, {"X": x})["Y"] * cotangent).sum(), argnums=(0, 1))(params, x)
+    w = numpy_helper.to_array(model.graph.initializer[0])
+    g = rounded(cotangent * (0.5 if index else 1.0)).reshape(-1, cotangent.shape[-1])  # Gemm's alpha = 0.5
+    x2 = rounded(x).reshape(-1, x.shape[-1])
+    expected = rounded(x2.T @ g)
+    np.testing.assert_allclose(np.asarray(grads["W"]), expected.T if index else expected, rtol=1e-2, atol=1e-2)
+    kernel = rounded(w.T if index else w)
+    np.testing.assert_allclose(np.asarray(grad_x).reshape(x2.shape), rounded(g @ kernel.T), rtol=1e-2, atol=1e-2)
+
+
 def test_attention_rounds_both_products_operands_and_keeps_its_softmax_float32():
     """NumPy: scores of the bfloat16-rounded Q and K, a float32 softmax, its probabilities rounded to bfloat16
     times the rounded V."""

@@ -2,22 +2,60 @@
 
 from __future__ import annotations
 
+from functools import partial
+
+import jax
 import jax.numpy as jnp
+from jax import lax
 
 from ..autocast import low_precision
 from ..registry import register
+from ..target import target_platform
 from ..values import Array
 
 
 def matmul(a: Array, b: Array) -> Array:
     """NumPy matmul semantics (1-D operands promoted and squeezed, batch dims broadcast)."""
     (a, b), accumulate = low_precision(a, b)
-    if jnp.ndim(a) > 2 and jnp.ndim(b) == 2:
+    if jnp.ndim(a) >= 2 and jnp.ndim(b) == 2:
         # Activations [..., K] times a weight [K, N] as one 2-D product: XLA-CPU otherwise lowers the weight
         # gradient of the batched form to many small dots plus a transposed copy (~10% of a transformer step).
-        flat = jnp.matmul(jnp.reshape(a, (-1, a.shape[-1])), b, preferred_element_type=accumulate)
+        flat = jnp.reshape(a, (-1, a.shape[-1]))
+        if accumulate is not None and target_platform() == "cpu":  # mixed precision: see _product_backward
+            flat = weight_product(flat, b, accumulate)
+        else:
+            flat = jnp.matmul(flat, b, preferred_element_type=accumulate)
         return jnp.reshape(flat, (*a.shape[:-1], b.shape[-1]))
     return jnp.matmul(a, b, preferred_element_type=accumulate)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def weight_product(a: Array, b: Array, accumulate: jnp.dtype | None) -> Array:
+    """a [M, K] @ b [K, N], differentiated with the products XLA-CPU runs fastest (`_product_backward`)."""
+    return jnp.matmul(a, b, preferred_element_type=accumulate)
+
+
+def _product_forward(a: Array, b: Array, accumulate: jnp.dtype | None) -> tuple[Array, tuple[Array, Array]]:
+    return weight_product(a, b, accumulate), (a, b)
+
+
+def _product_backward(accumulate: jnp.dtype | None, residuals: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
+    """Under mixed precision: b's gradient a^T g with a^T copied row-major first. XLA-CPU converts both operands
+    of a low-precision product contracting their leading axes to float32, ~5x slower than the row-major form
+    in bfloat16 (BERT's [256, 768] x [256, 3072]: 4.9 against 1.05 ms), and its layout assignment folds a plain
+    transpose back into the slow form: the optimization barrier keeps the copy. BERT-base's bfloat16 train step
+    went from 709 to 417 ms. (In float32 the same form ran 15% faster alone but made BERT's float32 step 4%
+    slower, so float32 products keep JAX's own gradient.) The gradient enters both products in the operands'
+    type, as torch.autocast computes the backward products in bfloat16 too."""
+    a, b = residuals
+    g = g.astype(a.dtype)
+    da = lax.dot_general(g, b, (((1,), (1,)), ((), ())), preferred_element_type=accumulate)
+    a_t = jnp.reshape(lax.optimization_barrier(jnp.reshape(a.T, (-1,))), (a.shape[1], a.shape[0]))
+    db = jnp.matmul(a_t, g, preferred_element_type=accumulate)
+    return da.astype(a.dtype), db.astype(b.dtype)
+
+
+weight_product.defvjp(_product_forward, _product_backward)
 
 
 def gemm(
