@@ -189,16 +189,25 @@ def test_a_kernel_read_by_other_ops_keeps_onnx_order_and_every_value_matches():
         np.testing.assert_allclose(mine, ref, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
+FROZEN_SEED = 3
+
+
 def test_a_frozen_kernel_in_a_trained_model_trains_as_pytorch():
     """make_trainable with the convolution frozen: its kernel is a constant that only a convolution reads, held
     in the convolution's order, while the Gradient node differentiates the head through it. Three SGD steps
     against PyTorch with the same frozen convolution."""
     torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(FROZEN_SEED)
+
+    def normal(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape).astype(np.float32)
+
     n = helper.make_node
     nodes = [n("Conv", ["X", "W", "B"], ["c"], pads=[1, 1, 1, 1]), n("Relu", ["c"], ["r"]),
              n("Flatten", ["r"], ["f"]), n("Gemm", ["f", "H", "hb"], ["Y"], transB=1)]
-    weights = {"W": rand(4, 3, 3, 3) * 0.3, "B": rand(4) * 0.1, "H": rand(5, 4 * 6 * 6) * 0.1, "hb": rand(5) * 0.1}
-    x, labels = rand(8, 3, 6, 6), RNG.integers(0, 5, 8).astype(np.int64)
+    weights = {"W": normal(4, 3, 3, 3) * 0.3, "B": normal(4) * 0.1, "H": normal(5, 4 * 6 * 6) * 0.1,
+               "hb": normal(5) * 0.1}
+    x, labels = normal(8, 3, 6, 6), rng.integers(0, 5, 8).astype(np.int64)
 
     def frozen(also_output: str | None = None) -> onnxtrain.Engine:
         model = graph_model(nodes + ([n("Identity", ["W"], ["w_out"])] if also_output else []),

@@ -34,10 +34,33 @@ CHANNELS_LAST = "channels_last"
 Grid = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 
+class Reordered:
+    """A tensor stored with its axes in another order than ONNX's: `data` is what is stored; `shape` (each
+    subclass's permutation of the stored shape), `ndim` and `dtype` describe the tensor the model sees, so an
+    op's checks read the same either way. A pytree of the one array."""
+
+    def __init__(self, data: Any):
+        self.data = data
+
+    def tree_flatten(self) -> tuple[tuple[Any], None]:
+        return (self.data,), None
+
+    @classmethod
+    def tree_unflatten(cls, _: None, children: tuple[Any]) -> "Reordered":
+        return cls(children[0])
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    @property
+    def dtype(self) -> Any:
+        return self.data.dtype
+
+
 @jax.tree_util.register_pytree_node_class
-class ChannelsLast:
-    """A channels-first tensor stored as (N, *spatial, C). `shape`, `ndim` and `dtype` describe the tensor the
-    model sees, so an op's checks read the same either way.
+class ChannelsLast(Reordered):
+    """A channels-first tensor stored as (N, *spatial, C).
 
     `at(grid)`, when the producer gives one, computes the data at a strided grid of positions from the
     producer's own inputs: a tiled pool reads a shallow convolution (and the elementwise ops after it) at each
@@ -46,15 +69,8 @@ class ChannelsLast:
     It is a trace-time helper only: it does not survive flattening (jax.vjp's auxiliary values, for one)."""
 
     def __init__(self, data: Any, at: Callable[[Grid], Any] | None = None):
-        self.data = data
+        super().__init__(data)
         self.at = at
-
-    def tree_flatten(self) -> tuple[tuple[Any], None]:
-        return (self.data,), None
-
-    @classmethod
-    def tree_unflatten(cls, _: None, children: tuple[Any]) -> "ChannelsLast":
-        return cls(children[0])
 
     def sample(self, grid: Grid) -> Any:
         """The data at `grid`: from the producer where it can, else a strided slice."""
@@ -65,47 +81,21 @@ class ChannelsLast:
         s = self.data.shape
         return (s[0], s[-1], *s[1:-1])
 
-    @property
-    def ndim(self) -> int:
-        return self.data.ndim
-
-    @property
-    def dtype(self) -> Any:
-        return self.data.dtype
-
 
 @jax.tree_util.register_pytree_node_class
-class KernelLast:
-    """A convolution kernel (O, I, *kernel) stored as (*kernel, I, O). `shape`, `ndim` and `dtype` describe the
-    kernel the model sees. XLA-CPU copied an ONNX-ordered kernel into this order on every call, its 3x3 axes
-    moving innermost: ResNet-18's inference (batch 2) spent ~40 % of its time in those copies."""
-
-    def __init__(self, data: Any):
-        self.data = data
+class KernelLast(Reordered):
+    """A convolution kernel (O, I, *kernel) stored as (*kernel, I, O). XLA-CPU copied an ONNX-ordered kernel
+    into this order on every call, its 3x3 axes moving innermost: ResNet-18's inference (batch 2) spent ~40 %
+    of its time in those copies."""
 
     @classmethod
     def of(cls, kernel: np.ndarray) -> "KernelLast":
         return cls(np.ascontiguousarray(np.transpose(kernel, (*range(2, kernel.ndim), 1, 0))))
 
-    def tree_flatten(self) -> tuple[tuple[Any], None]:
-        return (self.data,), None
-
-    @classmethod
-    def tree_unflatten(cls, _: None, children: tuple[Any]) -> "KernelLast":
-        return cls(children[0])
-
     @property
     def shape(self) -> tuple[int, ...]:
         s = self.data.shape
         return (s[-1], s[-2], *s[:-2])
-
-    @property
-    def ndim(self) -> int:
-        return self.data.ndim
-
-    @property
-    def dtype(self) -> Any:
-        return self.data.dtype
 
     def astype(self, dtype: Any) -> "KernelLast":
         return KernelLast(self.data.astype(dtype))
