@@ -33,6 +33,7 @@ import numpy as np
 # torch and the model definitions are imported where needed, never in an onnxtrain measurement process: its peak
 # memory is onnxtrain's alone, as in a user's process that loads an .onnx file
 sys.path.insert(0, str(Path(__file__).parent))
+from host import cpu_name  # noqa: E402
 
 HERE = Path(__file__).parent
 EXPORTS = HERE / ".realsize"
@@ -288,7 +289,7 @@ def main(argv: list[str]) -> None:
     for name in opts.models.split(","):
         print(f"# measuring {name} ...", flush=True)
         rows += model_rows(name, opts.exporter, opts.batch, steps, rounds, opts.mixed_precision)
-    text = (f"Measured {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, torch {torch.__version__}, "
+    text = (f"Measured {time.strftime('%Y-%m-%d')} on {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, "
             f"{opts.exporter} export, batch {opts.batch}, median of {steps} calls per peer in {rounds} alternating "
             f"rounds; load average at start {', '.join(f'{v:.2f}' for v in load)}.\n\n"
             f"Command: `python benchmarks/realsize.py{''.join(' ' + a for a in argv)}`\n\n{table(rows)}")

@@ -38,6 +38,7 @@ from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).parent))
 import onnxtrain  # noqa: E402
+from host import cpu_name  # noqa: E402
 from models import MODELS, Bench, build  # noqa: E402
 from peers import (BETA1, BETA2, EPS, LR, ON_GPU, ORT_PROVIDER, PEERS, PRECISION, TORCH_DEVICE, Batch,  # noqa: E402
                    first_call, interleaved, make_batch, set_precision)
@@ -238,9 +239,7 @@ def dispatch_rows(plan: Plan) -> list[Row]:
 
 
 def machine() -> str:
-    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    found = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
-    cpu = found.group(1).strip() if found else platform.processor() or platform.machine()
+    cpu = cpu_name()
     training = ""
     if ORT_TRAINING_PYTHON.exists():  # the script's --version answers only where the training API imports
         probe = subprocess.run([str(ORT_TRAINING_PYTHON), str(HERE / "ort_training.py"), "--version"],
