@@ -90,7 +90,7 @@ class KernelLast(Reordered):
 
     @classmethod
     def of(cls, kernel: np.ndarray) -> "KernelLast":
-        return cls(np.ascontiguousarray(np.transpose(kernel, (*range(2, kernel.ndim), 1, 0))))
+        return cls(np.ascontiguousarray(np.transpose(kernel, kernel_last_axes(kernel.ndim))))
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -106,9 +106,14 @@ class KernelLast(Reordered):
         return jnp.transpose(self.data, (rank - 1, rank - 2, *range(rank - 2)))
 
 
+def kernel_last_axes(ndim: int) -> tuple[int, ...]:
+    """The permutation taking a kernel from ONNX's (O, I, *kernel) to (*kernel, I, O)."""
+    return (*range(2, ndim), 1, 0)
+
+
 def kernel_last(w: Any) -> Any:
     """The (*kernel, I, O) data of a KernelLast, or of an ONNX-ordered kernel (transposed)."""
-    return w.data if isinstance(w, KernelLast) else jnp.transpose(w, (*range(2, w.ndim), 1, 0))
+    return w.data if isinstance(w, KernelLast) else jnp.transpose(w, kernel_last_axes(w.ndim))
 
 
 def kernel_only_weights(main: Sequence[Any], others: Sequence[Any], names: set[str]) -> set[str]:

@@ -20,7 +20,10 @@ import numpy as np
 from jax import lax
 
 from ..autocast import low_precision
-from ..layout import CHANNELS_LAST, ChannelsLast, Grid, KernelLast, channels_first, channels_last, kernel_last, strided
+from ..layout import (
+    CHANNELS_LAST, ChannelsLast, Grid, KernelLast, channels_first, channels_last, kernel_last, kernel_last_axes,
+    strided,
+)
 from ..registry import op, versions
 from ..sampling import gather_taps, linear_taps
 from ..target import target_platform
@@ -51,7 +54,6 @@ def convolve(
 ):
     """ONNX-layout convolution (x: N,C,*S, possibly held channels-last; w: O,C/groups,*K, possibly held as a
     KernelLast) plus an optional bias, computed and returned channels-last."""
-    rank = x.ndim - 2
     if x.shape[1] != w.shape[1] * groups:
         raise ValueError(f"X has {x.shape[1]} channels, W expects {w.shape[1]} per group x {groups} groups")
     if w.shape[0] % groups:
@@ -59,7 +61,7 @@ def convolve(
     geometry = Geometry(tuple(strides), tuple(tuple(p) for p in padding), tuple(dilations), groups)
     x = channels_last(x)
     # the kernel's shape channels-last, (*K, I, O), whichever way it is stored
-    last = jax.ShapeDtypeStruct((*w.shape[2:], w.shape[1], w.shape[0]), w.dtype)
+    last = jax.ShapeDtypeStruct(tuple(w.shape[a] for a in kernel_last_axes(w.ndim)), w.dtype)
     cpu = target_platform() == "cpu"  # elsewhere XLA's (cuDNN's) convolution is the fast one
 
     def biased(y):  # channels-last: the bias broadcasts along the minor axis
@@ -77,7 +79,7 @@ def convolve(
     dense = groups == 1 and not input_dilation and accumulate is None
     if dense and cpu and prefers_patches(x.shape, last, geometry, constant=stored_last):
         (x, kernel), accumulate = low_precision(x, w.data if stored_last else w)
-        return ChannelsLast(biased(patches_convolution(x, kernel, stored_last, geometry, accumulate)))
+        return ChannelsLast(biased(patches_convolution(x, kernel, last, stored_last, geometry, accumulate)))
     w = kernel_last(w)
     if accumulate is None:  # a shallow one (above) is elementwise arithmetic: float32, as the other such ops
         (x, w), accumulate = low_precision(x, w)
@@ -144,15 +146,15 @@ def prefers_patches(x_shape: Sequence[int], w, geometry: Geometry, constant: boo
         contraction >= PATCHES_CONTRACTION and positions <= PATCHES_POSITIONS)
 
 
-def patches_convolution(x, kernel, stored_last: bool, geometry: Geometry, accumulate=None):
+def patches_convolution(x, kernel, last, stored_last: bool, geometry: Geometry, accumulate=None):
     """A dense convolution of channels-last x as one product of its patches with the kernel: ONNX's (O, I, *K)
-    or a KernelLast's (*K, I, O) data (`stored_last`). A large kernel (more outputs than half the positions)
-    is read as ONNX stores it, against patches of (I, taps) columns, so neither it nor its gradient is
-    transposed (ResNet-18's 512-channel layers: 0.37x the time of the taps-major form); otherwise the patches
-    are taps-major, the cheaper layout to build (0.47-0.84x), against the kernel as (taps x I, O)."""
-    last_shape = kernel.shape if stored_last else (*kernel.shape[2:], kernel.shape[1], kernel.shape[0])
-    views = [view for _, view in _shallow_views(x, jax.ShapeDtypeStruct(last_shape, kernel.dtype), geometry, None)]
-    positions, outputs = views[0].shape[:-1], last_shape[-1]
+    or a KernelLast's (*K, I, O) data (`stored_last`); `last` has the kernel's (*K, I, O) shape. A large kernel
+    (more outputs than half the positions) is read as ONNX stores it, against patches of (I, taps) columns, so
+    neither it nor its gradient is transposed (ResNet-18's 512-channel layers: 0.37x the time of the taps-major
+    form); otherwise the patches are taps-major, the cheaper layout to build (0.47-0.84x), against the kernel as
+    (taps x I, O)."""
+    views = [view for _, view in _shallow_views(x, last, geometry, None)]
+    positions, outputs = views[0].shape[:-1], last.shape[-1]
     if not stored_last and 2 * outputs >= math.prod(positions):
         patches, matrix, contract = jnp.stack(views, axis=-1), kernel.reshape(outputs, -1), 1
     else:

@@ -40,13 +40,13 @@ def _product_forward(a: Array, b: Array, accumulate: jnp.dtype | None) -> tuple[
 
 
 def _product_backward(accumulate: jnp.dtype | None, residuals: tuple[Array, Array], g: Array) -> tuple[Array, Array]:
-    """Under mixed precision: b's gradient a^T g, on the CPU with a^T copied row-major first. XLA-CPU converts both operands
-    of a low-precision product contracting their leading axes to float32, ~5x slower than the row-major form
-    in bfloat16 (BERT's [256, 768] x [256, 3072]: 4.9 against 1.05 ms), and its layout assignment folds a plain
-    transpose back into the slow form: the optimization barrier keeps the copy. BERT-base's bfloat16 train step
-    went from 709 to 417 ms. (In float32 the same form ran 15% faster alone but made BERT's float32 step 4%
-    slower, so float32 products keep JAX's own gradient.) The gradient enters both products in the operands'
-    type, as torch.autocast computes the backward products in bfloat16 too."""
+    """Under mixed precision: b's gradient a^T g, on the CPU with a^T copied row-major first. XLA-CPU converts
+    both operands of a low-precision product contracting their leading axes to float32, ~5x slower than the
+    row-major form in bfloat16 (BERT's [256, 768] x [256, 3072]: 4.9 against 1.05 ms), and its layout
+    assignment folds a plain transpose back into the slow form: the optimization barrier keeps the copy.
+    BERT-base's bfloat16 train step went from 709 to 417 ms. (In float32 the same form ran 15% faster alone but
+    made BERT's float32 step 4% slower, so float32 products keep JAX's own gradient.) The gradient enters both
+    products in the operands' type, as torch.autocast computes the backward products in bfloat16 too."""
     a, b = residuals
     g = g.astype(a.dtype)
     da = lax.dot_general(g, b, (((1,), (1,)), ((), ())), preferred_element_type=accumulate)
