@@ -16,8 +16,10 @@ CREATED = tuple(line.strip().rstrip("/") for line in (ROOT / ".gitignore").read_
 
 
 def repository_files() -> list[Path]:
+    """The project's own files: not what a documented command created (a virtualenv's packages are not ours)."""
     return [p for p in ROOT.rglob("*") if p.is_file() and p.suffix in SCANNED
-            and not SKIPPED_DIRS & set(p.relative_to(ROOT).parts)]
+            and not SKIPPED_DIRS & set(p.relative_to(ROOT).parts)
+            and not p.relative_to(ROOT).as_posix().startswith(CREATED)]
 
 
 def layout_block() -> list[str]:
