@@ -1,7 +1,7 @@
 """Real-size models: onnxtrain against PyTorch eager on BERT-base, GPT-2, T5-small, ResNet-18, MobileNetV3-small.
 
     python benchmarks/realsize.py [--models bert-base,gpt2,...] [--batch 2] [--steps 10] [--exporter dynamo]
-                                  [--mixed-precision bfloat16|float16] [--quick] [--write]
+                                  [--mixed-precision bfloat16|float16] [--device cpu|gpu] [--quick] [--write]
 
 Each model (benchmarks/realsize_models.py, random weights) is exported once by `torch.onnx.export` (`--exporter
 dynamo`, PyTorch's default, or `torchscript`) into benchmarks/.realsize/ and reused by later runs. onnxtrain
@@ -11,8 +11,10 @@ are timed in this process in rounds alternating between the two (and the inferen
 without training, against the same PyTorch inference); the first train step (cold, and with a warm
 persistent compilation cache) and the peak resident memory in a fresh process per peer. `--mixed-precision`
 adds a train step and a peak memory row per model in that type: onnxtrain's `load(mixed_precision=...)` against
-PyTorch's step under `torch.autocast("cpu", dtype)`. `--write` puts the table into benchmarks/README.md between
-its realsize markers.
+PyTorch's step under `torch.autocast(device, dtype)`. `--device gpu` runs onnxtrain on JAX's GPU and PyTorch on
+CUDA (float32 products in full float32 for both: PyTorch's TF32 is turned off), and measures peak GPU memory (the
+allocators' peak bytes in use) instead of resident memory. `--write` puts the table into benchmarks/README.md
+between the realsize markers of its device.
 """
 
 from __future__ import annotations
@@ -38,22 +40,24 @@ from host import cpu_name  # noqa: E402
 HERE = Path(__file__).parent
 EXPORTS = HERE / ".realsize"
 README = HERE / "README.md"
-BEGIN, END = "<!-- realsize:begin -->", "<!-- realsize:end -->"
 LR = 1e-3
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}  # RSS follows what is live
+DEVICE = {"name": "cpu"}  # --device, set by main before any peer is built: "cpu" or "gpu"
 
 
 def exported(name: str, exporter: str, batch: int) -> Path:
-    """The folder holding case `name`'s ONNX export (made once per torch version and exporter; the dynamo exporter
-    writes large weights to a .data file beside the model), the module's parameter names (parameters.json) and
-    the feeds of a batch (feeds-<batch>.npz): what an onnxtrain measurement reads, without torch."""
+    """The folder holding case `name`'s ONNX export (made once per torch version, exporter and batch; the dynamo
+    exporter writes large weights to a .data file beside the model), the module's parameter names
+    (parameters.json) and the feeds of the batch (feeds-<batch>.npz): what an onnxtrain measurement reads, without
+    torch."""
     import torch
     from realsize_models import CASES, build
 
-    folder = EXPORTS / f"{name}-{exporter}-torch{torch.__version__}"
+    # the exports have static shapes: one per batch size
+    folder = EXPORTS / f"{name}-{exporter}-torch{torch.__version__}-batch{batch}"
     if not folder.exists():
         case, module = CASES[name], build(name)
-        example = case.inputs(2, np.random.default_rng(0))
+        example = case.inputs(batch, np.random.default_rng(0))
         EXPORTS.mkdir(exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=EXPORTS))
         start = time.perf_counter()
@@ -100,6 +104,8 @@ def onnxtrain_peer(folder: Path, batch: int,
                                                trainable=trainable)
     del model  # as in a user's script, which keeps the trainable model only
     engine = onnxtrain.load(trainable_model, mixed_precision=mixed)
+    if jax.default_backend() != DEVICE["name"]:
+        raise RuntimeError(f"--device {DEVICE['name']}, but JAX's default backend is {jax.default_backend()}")
     with np.load(folder / f"feeds-{batch}.npz") as data, jax.enable_x64(True):  # int64 ids and labels stay int64
         device = {k: jax.device_put(data[k]) for k in data.files}
     infer_feeds = {k: v for k, v in device.items() if k != "target"}
@@ -121,16 +127,24 @@ def served_peer(folder: Path, batch: int) -> Callable[[], Any]:
 
 
 def torch_peer(name: str, batch: int, mixed: str | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    """(train step, infer) of PyTorch eager; with `mixed`, the forward and loss under torch.autocast (its CPU
-    rule: the products in that type, float32 parameters and optimizer)."""
+    """(train step, infer) of PyTorch eager, returning once computed (CUDA runs asynchronously to Python: each call
+    synchronises, as onnxtrain's blocks on its result); with `mixed`, the forward and loss under torch.autocast
+    (the products in that type, float32 parameters and optimizer)."""
     import torch
     from realsize_models import build
 
-    module = build(name)
-    autocast = torch.autocast("cpu", dtype=getattr(torch, mixed)) if mixed else contextlib.nullcontext()
+    device = torch.device("cuda" if DEVICE["name"] == "gpu" else "cpu")
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # ONNX's float32, as onnxtrain
+    module = build(name).to(device)
+    autocast = torch.autocast(device.type, dtype=getattr(torch, mixed)) if mixed else contextlib.nullcontext()
     optimizer = torch.optim.SGD(module.parameters(), lr=LR)
     inputs, labels = feeds(name, batch)
-    args, target = [torch.from_numpy(v) for v in inputs.values()], torch.from_numpy(labels)
+    args, target = [torch.from_numpy(v).to(device) for v in inputs.values()], torch.from_numpy(labels).to(device)
+
+    def done(value: torch.Tensor) -> torch.Tensor:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return value
 
     def train() -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
@@ -138,11 +152,11 @@ def torch_peer(name: str, batch: int, mixed: str | None = None) -> tuple[Callabl
             loss = torch.nn.functional.cross_entropy(module(*args), target)
         loss.backward()
         optimizer.step()
-        return loss
+        return done(loss)
 
     def infer() -> torch.Tensor:
         with torch.no_grad():
-            return module(*args)
+            return done(module(*args))
 
     return train, infer
 
@@ -159,10 +173,22 @@ def rss_kib(key: str) -> int:
     raise KeyError(key)
 
 
+def device_peak(which: str) -> int:
+    """Peak bytes in use on the GPU of this process: the allocator's count (JAX's or PyTorch's), which neither
+    JAX's preallocated pool nor PyTorch's cached blocks inflate."""
+    if which == "onnxtrain":
+        import jax
+
+        return jax.local_devices()[0].memory_stats()["peak_bytes_in_use"]
+    import torch
+
+    return torch.cuda.max_memory_allocated()
+
+
 def child(spec: str, folder: Path, batch: int, steps: int, mixed: str | None) -> None:
     """Prints {"first": s, "peak": bytes, "settled": bytes}: one peer's first train step (trace, compile and run
-    for onnxtrain; the first eager step for PyTorch), its process's peak RSS over building the model and `steps`
-    train steps, and the RSS after them."""
+    for onnxtrain; the first eager step for PyTorch), its process's peak RSS (on a GPU: the peak of GPU memory in
+    use) over building the model and `steps` train steps, and the RSS after them."""
     name, which = spec.split(":")
     train, _ = peer(name, which, folder, batch, mixed)
     start = time.perf_counter()
@@ -172,14 +198,15 @@ def child(spec: str, folder: Path, batch: int, steps: int, mixed: str | None) ->
         train()
     if which == "onnxtrain" and "torch" in sys.modules:
         raise RuntimeError("the onnxtrain measurement imported torch: its memory would count torch's")
-    print(json.dumps({"first": first, "peak": rss_kib("VmHWM") * 1024, "settled": rss_kib("VmRSS") * 1024}))
+    peak = device_peak(which) if DEVICE["name"] == "gpu" else rss_kib("VmHWM") * 1024
+    print(json.dumps({"first": first, "peak": peak, "settled": rss_kib("VmRSS") * 1024}))
 
 
 def fresh(name: str, which: str, folder: Path, batch: int, steps: int, cache: str,
           mixed: str | None = None) -> dict[str, float]:
     """`child` in a new process; `cache` is ONNXTRAIN_CACHE_DIR ("" disables the persistent cache)."""
     command = [sys.executable, __file__, "--child", f"{name}:{which}", "--kit", str(folder), "--batch", str(batch),
-               "--steps", str(steps)] + (["--mixed-precision", mixed] if mixed else [])
+               "--steps", str(steps), "--device", DEVICE["name"]] + (["--mixed-precision", mixed] if mixed else [])
     env = {**os.environ, **MALLOC_ENV, "ONNXTRAIN_CACHE_DIR": cache}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
@@ -222,22 +249,23 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int,
         warm = fresh(name, "onnxtrain", folder, batch, memory_steps, cache)
     torch_child = fresh(name, "torch", folder, batch, memory_steps, "")
     mb = 2**20
+    memory = "peak GPU memory" if DEVICE["name"] == "gpu" else "peak RSS"
     rows = [
         (name, "train step (ms)", median["train onnxtrain"] * 1e3, median["train torch"] * 1e3),
         (name, "infer (ms)", median["infer onnxtrain"] * 1e3, median["infer torch"] * 1e3),
         (name, "infer, inference model (ms)", median["served onnxtrain"] * 1e3, median["infer torch"] * 1e3),
         (name, "first train step, cold (s)", cold["first"], torch_child["first"]),
         (name, "first train step, warm cache (s)", warm["first"], torch_child["first"]),
-        (name, "peak RSS (MB)", cold["peak"] / mb, torch_child["peak"] / mb),
+        (name, f"{memory} (MB)", cold["peak"] / mb, torch_child["peak"] / mb),
         # the cold peak includes XLA's compiler; from a warm cache a process loads the executable instead
-        (name, "peak RSS, warm cache (MB)", warm["peak"] / mb, torch_child["peak"] / mb),
+        (name, f"{memory}, warm cache (MB)", warm["peak"] / mb, torch_child["peak"] / mb),
     ]
     if mixed:
         ours = fresh(name, "onnxtrain", folder, batch, memory_steps, "", mixed)
         theirs = fresh(name, "torch", folder, batch, memory_steps, "", mixed)
         rows += [
             (name, f"train step, {mixed} (ms)", median["mixed onnxtrain"] * 1e3, median["mixed torch"] * 1e3),
-            (name, f"peak RSS, {mixed} (MB)", ours["peak"] / mb, theirs["peak"] / mb),
+            (name, f"{memory}, {mixed} (MB)", ours["peak"] / mb, theirs["peak"] / mb),
         ]
     return rows
 
@@ -249,11 +277,13 @@ def table(rows: list[tuple[str, str, float, float]]) -> str:
 
 
 def write_readme(text: str) -> None:
+    marker = "realsize-gpu" if DEVICE["name"] == "gpu" else "realsize"  # each device's table has markers of its own
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
     current = README.read_text()
-    block = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in current:
-        head, rest = current.split(BEGIN, 1)
-        README.write_text(head + block + rest.split(END, 1)[1])
+    block = f"{begin}\n{text}\n{end}"
+    if begin in current:
+        head, rest = current.split(begin, 1)
+        README.write_text(head + block + rest.split(end, 1)[1])
     else:
         README.write_text(current.rstrip() + "\n\n" + block + "\n")
 
@@ -267,11 +297,16 @@ def main(argv: list[str]) -> None:
     args.add_argument("--exporter", choices=("dynamo", "torchscript"), default="dynamo")
     args.add_argument("--mixed-precision", choices=("bfloat16", "float16"),
                       help="also a train step and a peak memory row per model in this type (torch: autocast)")
+    args.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                      help="where both peers compute: JAX's CPU and PyTorch's (default), or JAX's GPU and CUDA")
     args.add_argument("--quick", action="store_true", help="a smoke run: few steps, numbers not meaningful")
     args.add_argument("--write", action="store_true", help="update the realsize table in benchmarks/README.md")
     args.add_argument("--child", help=argparse.SUPPRESS)  # MODEL:PEER, run by `fresh`
     args.add_argument("--kit", type=Path, help=argparse.SUPPRESS)  # the child's export folder
     opts = args.parse_args(argv)
+    DEVICE["name"] = opts.device
+    if opts.device == "cpu":
+        os.environ["JAX_PLATFORMS"] = "cpu"  # before JAX is imported, here and in the children
     if opts.child:
         child(opts.child, opts.kit, opts.batch, opts.steps, opts.mixed_precision)
         return
@@ -288,8 +323,15 @@ def main(argv: list[str]) -> None:
     rows = []
     for name in opts.models.split(","):
         print(f"# measuring {name} ...", flush=True)
-        rows += model_rows(name, opts.exporter, opts.batch, steps, rounds, opts.mixed_precision)
-    text = (f"Measured {time.strftime('%Y-%m-%d')} on {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        measured = model_rows(name, opts.exporter, opts.batch, steps, rounds, opts.mixed_precision)
+        print(table(measured), flush=True)  # each model's rows as they come: a run cut short keeps them
+        rows += measured
+    machine = f"{cpu_name()}, {os.cpu_count()} cores"
+    if opts.device == "gpu":
+        import jax
+
+        machine = f"{torch.cuda.get_device_name()} ({machine}), jax {jax.__version__}"
+    text = (f"Measured {time.strftime('%Y-%m-%d')} on {machine}, torch {torch.__version__}, "
             f"{opts.exporter} export, batch {opts.batch}, median of {steps} calls per peer in {rounds} alternating "
             f"rounds; load average at start {', '.join(f'{v:.2f}' for v in load)}.\n\n"
             f"Command: `python benchmarks/realsize.py{''.join(' ' + a for a in argv)}`\n\n{table(rows)}")
