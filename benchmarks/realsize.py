@@ -1,7 +1,8 @@
 """Real-size models: onnxtrain against PyTorch eager on BERT-base, GPT-2, T5-small, ResNet-18, MobileNetV3-small.
 
     python benchmarks/realsize.py [--models bert-base,gpt2,...] [--batch 2] [--steps 10] [--exporter dynamo]
-                                  [--mixed-precision bfloat16|float16] [--device cpu|gpu] [--quick] [--write]
+                                  [--mixed-precision bfloat16|float16] [--remat] [--device cpu|gpu] [--quick]
+                                  [--write]
 
 Each model (benchmarks/realsize_models.py, random weights) is exported once by `torch.onnx.export` (`--exporter
 dynamo`, PyTorch's default, or `torchscript`) into benchmarks/.realsize/ and reused by later runs. onnxtrain
@@ -11,10 +12,11 @@ are timed in this process in rounds alternating between the two (and the inferen
 without training, against the same PyTorch inference); the first train step (cold, and with a warm
 persistent compilation cache) and the peak resident memory in a fresh process per peer. `--mixed-precision`
 adds a train step and a peak memory row per model in that type: onnxtrain's `load(mixed_precision=...)` against
-PyTorch's step under `torch.autocast(device, dtype)`. `--device gpu` runs onnxtrain on JAX's GPU and PyTorch on
-CUDA (float32 products in full float32 for both: PyTorch's TF32 is turned off), and measures peak GPU memory (the
-allocators' peak bytes in use) instead of resident memory. `--write` puts the table into benchmarks/README.md
-between the realsize markers of its device.
+PyTorch's step under `torch.autocast(device, dtype)`. `--remat` adds onnxtrain's train step and peak memory with
+`load(remat=True)` (the backward pass recomputes the forward values) against PyTorch's plain step. `--device gpu`
+runs onnxtrain on JAX's GPU and PyTorch on CUDA (float32 products in full float32 for both: PyTorch's TF32 is
+turned off), and measures peak GPU memory (the allocators' peak bytes in use) instead of resident memory.
+`--write` puts the table into benchmarks/README.md between the realsize markers of its device.
 """
 
 from __future__ import annotations
@@ -82,11 +84,11 @@ def feeds(name: str, batch: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
     return inputs, rng.integers(0, case.classes, batch).astype(np.int64)
 
 
-def onnxtrain_peer(folder: Path, batch: int,
-                   mixed: str | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
+def onnxtrain_peer(folder: Path, batch: int, mixed: str | None = None,
+                   remat: bool = False) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """(train step, infer) of onnxtrain on the export in `folder` (see `exported`), its products in `mixed`
-    precision if given; trains exactly the module's named parameters where the export kept their names (the
-    dynamo exporter does), else make_trainable's default set."""
+    precision if given, recomputing in the backward pass with `remat`; trains exactly the module's named
+    parameters where the export kept their names (the dynamo exporter does), else make_trainable's default set."""
     import jax
     import onnx
 
@@ -103,7 +105,7 @@ def onnxtrain_peer(folder: Path, batch: int,
     trainable_model = onnxtrain.make_trainable(model, loss="cross_entropy", optimizer="sgd", learning_rate=LR,
                                                trainable=trainable)
     del model  # as in a user's script, which keeps the trainable model only
-    engine = onnxtrain.load(trainable_model, mixed_precision=mixed)
+    engine = onnxtrain.load(trainable_model, mixed_precision=mixed, remat=remat)
     if jax.default_backend() != DEVICE["name"]:
         raise RuntimeError(f"--device {DEVICE['name']}, but JAX's default backend is {jax.default_backend()}")
     with np.load(folder / f"feeds-{batch}.npz") as data, jax.enable_x64(True):  # int64 ids and labels stay int64
@@ -161,9 +163,10 @@ def torch_peer(name: str, batch: int, mixed: str | None = None) -> tuple[Callabl
     return train, infer
 
 
-def peer(name: str, which: str, folder: Path, batch: int,
-         mixed: str | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    return onnxtrain_peer(folder, batch, mixed) if which == "onnxtrain" else torch_peer(name, batch, mixed)
+def peer(name: str, which: str, folder: Path, batch: int, mixed: str | None = None,
+         remat: bool = False) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """`remat` is onnxtrain's: PyTorch's step stays the plain one it is compared with."""
+    return onnxtrain_peer(folder, batch, mixed, remat) if which == "onnxtrain" else torch_peer(name, batch, mixed)
 
 
 def rss_kib(key: str) -> int:
@@ -185,12 +188,12 @@ def device_peak(which: str) -> int:
     return torch.cuda.max_memory_allocated()
 
 
-def child(spec: str, folder: Path, batch: int, steps: int, mixed: str | None) -> None:
+def child(spec: str, folder: Path, batch: int, steps: int, mixed: str | None, remat: bool) -> None:
     """Prints {"first": s, "peak": bytes, "settled": bytes}: one peer's first train step (trace, compile and run
     for onnxtrain; the first eager step for PyTorch), its process's peak RSS (on a GPU: the peak of GPU memory in
     use) over building the model and `steps` train steps, and the RSS after them."""
     name, which = spec.split(":")
-    train, _ = peer(name, which, folder, batch, mixed)
+    train, _ = peer(name, which, folder, batch, mixed, remat)
     start = time.perf_counter()
     train()
     first = time.perf_counter() - start
@@ -203,10 +206,11 @@ def child(spec: str, folder: Path, batch: int, steps: int, mixed: str | None) ->
 
 
 def fresh(name: str, which: str, folder: Path, batch: int, steps: int, cache: str,
-          mixed: str | None = None) -> dict[str, float]:
+          mixed: str | None = None, remat: bool = False) -> dict[str, float]:
     """`child` in a new process; `cache` is ONNXTRAIN_CACHE_DIR ("" disables the persistent cache)."""
     command = [sys.executable, __file__, "--child", f"{name}:{which}", "--kit", str(folder), "--batch", str(batch),
                "--steps", str(steps), "--device", DEVICE["name"]] + (["--mixed-precision", mixed] if mixed else [])
+    command += ["--remat"] if remat else []
     env = {**os.environ, **MALLOC_ENV, "ONNXTRAIN_CACHE_DIR": cache}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
@@ -229,7 +233,7 @@ def median_times(calls: dict[str, Callable[[], Any]], steps: int, rounds: int) -
 
 
 def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int,
-               mixed: str | None = None) -> list[tuple[str, str, float, float]]:
+               mixed: str | None = None, remat: bool = False) -> list[tuple[str, str, float, float]]:
     folder = exported(name, exporter, batch)
     train_ot, infer_ot = onnxtrain_peer(folder, batch)
     train_pt, infer_pt = torch_peer(name, batch)
@@ -238,6 +242,8 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int,
     if mixed:  # timed in the same alternating rounds as the float32 peers
         calls["mixed onnxtrain"] = onnxtrain_peer(folder, batch, mixed)[0]
         calls["mixed torch"] = torch_peer(name, batch, mixed)[0]
+    if remat:
+        calls["remat onnxtrain"] = onnxtrain_peer(folder, batch, remat=True)[0]
     for call in calls.values():
         call()  # compiles onnxtrain's programs; PyTorch's first eager calls
     median = median_times(calls, steps, rounds)
@@ -266,6 +272,12 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int,
         rows += [
             (name, f"train step, {mixed} (ms)", median["mixed onnxtrain"] * 1e3, median["mixed torch"] * 1e3),
             (name, f"{memory}, {mixed} (MB)", ours["peak"] / mb, theirs["peak"] / mb),
+        ]
+    if remat:
+        ours = fresh(name, "onnxtrain", folder, batch, memory_steps, "", remat=True)
+        rows += [
+            (name, "train step, remat (ms)", median["remat onnxtrain"] * 1e3, median["train torch"] * 1e3),
+            (name, f"{memory}, remat (MB)", ours["peak"] / mb, torch_child["peak"] / mb),
         ]
     return rows
 
@@ -297,6 +309,9 @@ def main(argv: list[str]) -> None:
     args.add_argument("--exporter", choices=("dynamo", "torchscript"), default="dynamo")
     args.add_argument("--mixed-precision", choices=("bfloat16", "float16"),
                       help="also a train step and a peak memory row per model in this type (torch: autocast)")
+    args.add_argument("--remat", action="store_true",
+                      help="also onnxtrain's train step and peak memory with load(remat=True), against PyTorch's "
+                      "plain step")
     args.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                       help="where both peers compute: JAX's CPU and PyTorch's (default), or JAX's GPU and CUDA")
     args.add_argument("--quick", action="store_true", help="a smoke run: few steps, numbers not meaningful")
@@ -308,7 +323,7 @@ def main(argv: list[str]) -> None:
     if opts.device == "cpu":
         os.environ["JAX_PLATFORMS"] = "cpu"  # before JAX is imported, here and in the children
     if opts.child:
-        child(opts.child, opts.kit, opts.batch, opts.steps, opts.mixed_precision)
+        child(opts.child, opts.kit, opts.batch, opts.steps, opts.mixed_precision, opts.remat)
         return
     import torch
     from realsize_models import CASES
@@ -323,7 +338,7 @@ def main(argv: list[str]) -> None:
     rows = []
     for name in opts.models.split(","):
         print(f"# measuring {name} ...", flush=True)
-        measured = model_rows(name, opts.exporter, opts.batch, steps, rounds, opts.mixed_precision)
+        measured = model_rows(name, opts.exporter, opts.batch, steps, rounds, opts.mixed_precision, opts.remat)
         print(table(measured), flush=True)  # each model's rows as they come: a run cut short keeps them
         rows += measured
     machine = f"{cpu_name()}, {os.cpu_count()} cores"

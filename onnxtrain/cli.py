@@ -102,7 +102,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.shard_state and (args.devices or 1) < 2:
         raise OnnxTrainError("--shard-state splits the state over several devices: give --devices N with N > 1")
     engine = load(args.model, seed=args.seed, devices=devices(args.devices), shard_state=args.shard_state,
-                  mixed_precision=args.mixed_precision, loss_scale=args.loss_scale)
+                  mixed_precision=args.mixed_precision, loss_scale=args.loss_scale, remat=args.remat)
     if engine.batch_sharding is not None:
         split = any(not v.sharding.is_fully_replicated for v in engine.state.values())
         print(f"data parallel over {args.devices} devices; state {'split' if split else 'replicated'}")
@@ -176,6 +176,8 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--shard-state", action="store_true",
                        help="with --devices: split the weights and optimizer state over the devices")
     train.add_argument("--mixed-precision", choices=sorted(COMPUTE_DTYPES), help=MIXED_PRECISION_HELP)
+    train.add_argument("--remat", action="store_true", help="recompute the forward pass's values in the backward "
+                       "pass instead of keeping them: less memory, about one more forward pass of compute")
     train.add_argument("--loss-scale", type=float, help="with --mixed-precision float16: the static loss scale "
                        "(default 4096)")
     train.set_defaults(run=cmd_train)

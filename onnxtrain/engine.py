@@ -65,7 +65,7 @@ class Engine:
     def __init__(
         self, model: onnx.ModelProto, seed: int = 0, check: bool = True, devices: Sequence[jax.Device] | None = None,
         matmul_precision: str = "highest", shard_state: bool = False, mixed_precision: str | None = None,
-        loss_scale: float | None = None, zero_state: frozenset[str] = frozenset(),
+        loss_scale: float | None = None, remat: bool = False, zero_state: frozenset[str] = frozenset(),
     ):
         """`zero_state`: state variables `model` holds without their bytes, which are all zero
         (export.without_zero_state; `load` does so for a model it read itself)."""
@@ -134,7 +134,7 @@ class Engine:
 
         self._model = steps.StepModel(self.graph, tuple(self.algorithms), self.functions, self._main_static,
                                       tuple(self._algorithm_static), self._placement.keep_layout,
-                                      self.mixed_precision)
+                                      self.mixed_precision, remat)
         self._infer = self._infer_program()
         self._train = [self._train_program(k) for k in range(len(self.algorithms))]
         self._init = self._init_program()
@@ -369,7 +369,7 @@ class Engine:
 def load(
     source: ModelSource, seed: int = 0, check: bool = True, devices: Sequence[jax.Device] | None = None,
     matmul_precision: str = "highest", shard_state: bool = False, mixed_precision: str | None = None,
-    loss_scale: float | None = None,
+    loss_scale: float | None = None, remat: bool = False,
 ) -> Engine:
     """Read an ONNX model (path, bytes or ModelProto), validate it and bind every node to its lowering.
 
@@ -382,7 +382,10 @@ def load(
     `mixed_precision`: "bfloat16" or "float16" computes the float32 matrix products (MatMul, Gemm, Einsum, Conv,
     ConvTranspose, Attention) in that type with float32 accumulation, as torch.autocast does; weights, gradients
     and optimizer state stay float32. `loss_scale` (float16 only, default 2**12): the static factor the backward
-    pass is seeded with so float16 gradients do not underflow (onnxtrain/lower/autocast.py)."""
+    pass is seeded with so float16 gradients do not underflow (onnxtrain/lower/autocast.py).
+    `remat`: a train step keeps only about sqrt(n) of its forward pass's values for the backward pass and
+    recomputes the rest there, segment by segment (activation checkpointing, onnxtrain/lower/ops/training.py):
+    less memory for long sequences and deep models, for about one more forward pass of compute."""
     enable_compilation_cache()
     model, _folder = read_model(source)
     zero_state: frozenset[str] = frozenset()
@@ -392,7 +395,7 @@ def load(
             check = False
         model, zero_state = without_zero_state(model)
     return Engine(model, seed=seed, check=check, devices=devices, matmul_precision=matmul_precision,
-                  shard_state=shard_state, mixed_precision=mixed_precision, loss_scale=loss_scale,
+                  shard_state=shard_state, mixed_precision=mixed_precision, loss_scale=loss_scale, remat=remat,
                   zero_state=zero_state)
 
 

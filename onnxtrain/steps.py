@@ -44,6 +44,7 @@ class StepModel:
     # (placement.py: a state split over devices stays split, and its donated buffers are reused).
     keep_layout: Callable[[Mapping[str, Any]], dict[str, Any]] = field(default=dict)
     mixed_precision: MixedPrecision | None = None  # products in a low type (lower/autocast.py); None: as declared
+    remat: bool = False  # Gradient recomputes its forward pass in segments (lower/ops/training.py)
 
 
 class StepResult(NamedTuple):
@@ -66,7 +67,7 @@ def infer(model: StepModel, state: Mapping[str, Any], consts: Mapping[str, Any],
           feeds: Mapping[str, Any]) -> dict[str, Any]:
     """ModelProto.graph on `feeds`: {output name: value}."""
     values = scope(model.main_static, consts, state, feeds=feeds)
-    trace = TraceContext(key, dict(model.functions), mixed_precision=model.mixed_precision)
+    trace = TraceContext(key, dict(model.functions), mixed_precision=model.mixed_precision, remat=model.remat)
     run_nodes(model.graph.nodes, values, trace)
     return {o.name: values[o.name] for o in model.graph.outputs}
 
@@ -78,7 +79,7 @@ def train_step(model: StepModel, k: int, state: Mapping[str, Any], step: Any, co
     algorithm = model.algorithms[k]
     values = scope(model.main_static, consts, model.algorithm_static[k], k_consts, state, feeds=feeds)
     trace = TraceContext(jax.random.fold_in(key, step), dict(model.functions), training=True, step=step,
-                         mixed_precision=model.mixed_precision)
+                         mixed_precision=model.mixed_precision, remat=model.remat)
     run_nodes(model.graph.nodes + algorithm.graph.nodes, values, trace)
     # An output bound to state is the new state itself; returning it again would cost a copy per step.
     bound = set(algorithm.update_binding.values())
@@ -98,7 +99,7 @@ def init(model: StepModel, state: Mapping[str, Any], key: Any) -> dict[str, Any]
         if graph is None:
             continue
         trace = TraceContext(jax.random.fold_in(key, algorithm.index), dict(model.functions),
-                             mixed_precision=model.mixed_precision)
+                             mixed_precision=model.mixed_precision, remat=model.remat)
         values = dict(zip([o.name for o in graph.outputs], run_graph(graph, [], trace)))
         state = assign(state, algorithm.initialization_binding, values,
                        f"training_info[{algorithm.index}].initialization_binding")

@@ -81,9 +81,10 @@ def export(module, x, exporter: str) -> onnx.ModelProto:
     return program.model_proto
 
 
-def train_both(module, model, x, target, torch_loss, **options):
+def train_both(module, model, x, target, torch_loss, remat=False, **options):
     """STEPS of SGD in PyTorch and in onnxtrain from the same start; the loss sequences and engine."""
-    engine = onnxtrain.load(onnxtrain.make_trainable(model, optimizer="sgd", learning_rate=LR, **options))
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, optimizer="sgd", learning_rate=LR, **options),
+                            remat=remat)
     losses = [float(engine.train_step({"X": x, "target": target})["loss"]) for _ in range(STEPS)]
     optimizer = torch.optim.SGD(module.parameters(), lr=LR)
     expected = []
@@ -161,17 +162,18 @@ def lm_loss(logits, labels):
     return F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100)
 
 
-def test_gpt2_exported_exactly_trains_like_pytorch():
+@pytest.mark.parametrize("remat", [False, True])
+def test_gpt2_exported_exactly_trains_like_pytorch(remat):
     """dynamo=True, optimize=False keeps GPT-2's tied embedding as one initializer read twice (Gather and the LM
     head's Transpose): its one update is the sum of both gradients, as in PyTorch. The LM loss averages over the
-    labels that are not -100."""
+    labels that are not -100. With remat the backward pass recomputes the forward one in segments."""
     module = perturbed(TinyGPT2())
     ids, labels = lm_batch()
     model = export(module, torch.from_numpy(ids), "dynamo-exact")
     tied = [t.name for t in model.graph.initializer if t.name.endswith(("wte.weight", "lm_head.weight"))]
     assert len(tied) == 1
-    assert_trains_like_pytorch(module, model, ids, labels, lm_loss, loss="cross_entropy", class_axis=-1,
-                               ignore_index=-100)
+    assert_trains_like_pytorch(module, model, ids, labels, lm_loss, remat=remat, loss="cross_entropy",
+                               class_axis=-1, ignore_index=-100)
 
 
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])

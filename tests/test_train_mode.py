@@ -87,14 +87,15 @@ def torch_training(m: torch.nn.Module, batches, optimizer: str, lr: float) -> li
     return losses
 
 
-@pytest.mark.parametrize("how,optimizer", [("torchscript-eval", "sgd"), ("dynamo-eval", "momentum"),
-                                           ("torchscript-train", "momentum")])
-def test_trains_like_torch_train_mode(how, optimizer, tmp_path):
+@pytest.mark.parametrize("how,optimizer,remat", [("torchscript-eval", "sgd", False), ("dynamo-eval", "momentum", False),
+                                                 ("torchscript-train", "momentum", False),
+                                                 ("dynamo-eval", "sgd", True)])  # running statistics from segments
+def test_trains_like_torch_train_mode(how, optimizer, remat, tmp_path):
     batches, lr = data(5), 0.1
     m = module()
     model = onnxtrain.make_trainable(export(m, how), loss="cross_entropy", optimizer=optimizer, learning_rate=lr,
                                      train_mode=True)
-    engine = onnxtrain.load(model)
+    engine = onnxtrain.load(model, remat=remat)
     losses = [float(engine.train_step({"x": x, "target": y})["loss"]) for x, y in batches]
     expected = torch_training(m, batches, optimizer, lr)
     np.testing.assert_allclose(losses, expected, rtol=1e-4)
