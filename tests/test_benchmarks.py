@@ -50,3 +50,12 @@ def test_realsize_quick_prints_the_table():
                         "first train step, warm cache (s)", "peak RSS (MB)", "train step, bfloat16 (ms)",
                         "peak RSS, bfloat16 (MB)", "train step, remat (ms)", "peak RSS, remat (MB)"):
         assert f"| resnet18 | {measurement} |" in done.stdout, done.stdout
+
+
+def test_products_prints_the_table():
+    command = [sys.executable, str(ROOT / "benchmarks" / "products.py"), "--tokens", "8", "--width", "16",
+               "--steps", "2"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "8, " in line]
+    assert len(rows) == 9, done.stdout  # three forms of each of the layer's three weight shapes
