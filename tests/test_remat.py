@@ -4,12 +4,16 @@ bytes than without it."""
 
 from __future__ import annotations
 
+import io
+import warnings
+
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxtrain
+from training_models import linear_regression
 
 torch = pytest.importorskip("torch")
 from test_train_mode import data, export, module  # noqa: E402 - needs torch
@@ -90,3 +94,67 @@ def test_recomputed_dropout_draws_the_forward_pass_masks():
     for name in engines[0].state:
         np.testing.assert_allclose(np.asarray(engines[1].state[name]), np.asarray(engines[0].state[name]),
                                    rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+class LoopModule(torch.nn.Module):
+    """A recurrence over a fed step count: TorchScript exports it as an ONNX Loop."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.cell, self.head = torch.nn.Linear(16, 16), torch.nn.Linear(16, 3)
+
+    def forward(self, x, steps):
+        h = x
+        for _ in range(int(steps)):
+            h = torch.tanh(self.cell(h) + x)
+        return self.head(h)
+
+
+def test_a_loop_inside_a_recomputed_segment_trains_like_pytorch():
+    module = LoopModule()
+    x = np.random.default_rng(2).standard_normal((4, 16), np.float32)
+    target = np.array([0, 2, 1, 2], np.int64)
+    steps = np.array(4, np.int64)
+    buffer = io.BytesIO()
+    torch.onnx.export(torch.jit.script(module), (torch.from_numpy(x), torch.tensor(4)), buffer, dynamo=False,
+                      input_names=["x", "steps"], output_names=["y"])
+    model = onnx.load_from_string(buffer.getvalue())
+    assert any(n.op_type == "Loop" for n in model.graph.node)
+    trainable = onnxtrain.make_trainable(model, loss="cross_entropy", optimizer="sgd", learning_rate=LR)
+    engine = onnxtrain.load(trainable, remat=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the trip count compiles in as a constant (docs/semantics.md)
+        losses = [float(engine.train_step({"x": x, "steps": steps, "target": target})["loss"]) for _ in range(3)]
+    optimizer = torch.optim.SGD(module.parameters(), lr=LR)
+    expected = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(module(torch.from_numpy(x), 4), torch.from_numpy(target))
+        loss.backward()
+        optimizer.step()
+        expected.append(loss.item())
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    for name, p in module.named_parameters():
+        np.testing.assert_allclose(np.asarray(engine.state[name]), p.detach().numpy(), rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+
+
+def test_cli_trains_with_remat(tmp_path):
+    from onnxtrain.cli import main
+
+    rng = np.random.default_rng(0)
+    w0, lr = rng.normal(size=(4, 2)).astype(np.float32), 0.1
+    onnx.save(linear_regression(w0, np.zeros(2, np.float32), lr), tmp_path / "m.onnx")
+    x = rng.normal(size=(32, 4)).astype(np.float32)
+    t = x @ rng.normal(size=(4, 2)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", X=x, T=t)
+    assert main(["train", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "d.npz"), "--steps", "3", "--no-init",
+                 "--remat", "-o", str(tmp_path / "out.onnx")]) == 0
+    w, b = w0.astype(np.float64), np.zeros(2)
+    for _ in range(3):  # mean((XW + B - T)^2) over all 64 elements, plain SGD
+        d = x @ w + b - t
+        w, b = w - lr * 2 / d.size * x.T @ d, b - lr * 2 / d.size * d.sum(axis=0)
+    trained = {t.name: numpy_helper.to_array(t) for t in onnx.load(tmp_path / "out.onnx").graph.initializer}
+    np.testing.assert_allclose(trained["W"], w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(trained["B"], b, rtol=1e-5, atol=1e-6)

@@ -190,13 +190,14 @@ def reparametrized(model: onnx.ModelProto, parameters: set[str], module) -> str:
 
 
 def check_training(trainable: onnx.ModelProto, ref: Reference, after: onnx.ModelProto, tmp_path: Path,
-                   context: str = "") -> None:
-    """Losses, final weights, inference and ONNX Runtime's inference against the PyTorch loop."""
+                   context: str = "", remat: bool = False) -> None:
+    """Losses, final weights, inference and ONNX Runtime's inference against the PyTorch loop; with `remat` the
+    engine recomputes the forward values in the backward pass (load(remat=True))."""
     ort = pytest.importorskip("onnxruntime")
     names = [i.name for i in trainable.graph.input]
     assert len(names) == len(ref.inputs), f"the export's inputs {names} are not the module's {len(ref.inputs)}"
     feeds = dict(zip(names, ref.inputs))
-    engine = onnxtrain.load(trainable)
+    engine = onnxtrain.load(trainable, remat=remat)
     losses = [float(engine.train_step({**feeds, "target": ref.target})["loss"]) for _ in range(STEPS)]
     np.testing.assert_allclose(losses, ref.losses, rtol=RTOL, err_msg=f"loss sequence; {context}")
     expected = float_initializers(after)
@@ -238,12 +239,14 @@ def test_default_trainable_set_trains_like_pytorch(name, exporter, tmp_path):
         check_training(trainable, ref, after, tmp_path, reparametrized(before, parameters, ref.initial))
 
 
+@pytest.mark.parametrize("remat", [False, True], ids=["plain", "remat"])
 @pytest.mark.parametrize("name, exporter", cases("recipe", ["dynamo_unoptimized"]))
-def test_named_parameters_of_an_unoptimized_dynamo_export_train_like_pytorch(name, exporter, tmp_path):
+def test_named_parameters_of_an_unoptimized_dynamo_export_train_like_pytorch(name, exporter, remat, tmp_path):
     """The recipe, `onnxtrain.from_torch`: `dynamo=True, optimize=False` keeps parameter names and folds nothing,
     and `trainable=` names the parameters PyTorch trains (requires_grad: all of named_parameters() would train
     Whisper's frozen sinusoidal positions, which PyTorch does not), a tied one under the alias the exporter kept
-    (GPT-2's wte is the initializer model.lm_head.weight)."""
+    (GPT-2's wte is the initializer model.lm_head.weight). With remat, the same numbers when the backward pass
+    recomputes the forward values (depthwise convolutions, attention, a recurrence inside recomputed segments)."""
     ref = reference(name)
     with warnings.catch_warnings():
         warnings.simplefilter("error", onnxtrain.ParameterizationWarning)
@@ -251,7 +254,7 @@ def test_named_parameters_of_an_unoptimized_dynamo_export_train_like_pytorch(nam
                                          loss=ZOO[name].loss, optimizer="sgd", learning_rate=LR)
     after = export(ref.trained, ref.inputs, tmp_path / "after.onnx", RECIPE)
     check_training(trainable, ref, after, tmp_path,
-                   reparametrized(after, set(float_initializers(after)), ref.trained))
+                   reparametrized(after, set(float_initializers(after)), ref.trained), remat)
 
 
 def test_language_model_cross_entropy_ignores_padding_labels(tmp_path):
