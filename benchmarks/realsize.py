@@ -1,8 +1,8 @@
 """Real-size models: onnxtrain against PyTorch eager on BERT-base, GPT-2, T5-small, ResNet-18, MobileNetV3-small.
 
     python benchmarks/realsize.py [--models bert-base,gpt2,...] [--batch 2] [--steps 10] [--exporter dynamo]
-                                  [--mixed-precision bfloat16|float16] [--remat] [--device cpu|gpu] [--quick]
-                                  [--write]
+                                  [--mixed-precision bfloat16|float16] [--remat] [--jax] [--device cpu|gpu]
+                                  [--quick] [--write]
 
 Each model (benchmarks/realsize_models.py, random weights) is exported once by `torch.onnx.export` (`--exporter
 dynamo`, PyTorch's default, or `torchscript`) into benchmarks/.realsize/ and reused by later runs. onnxtrain
@@ -13,7 +13,8 @@ without training, against the same PyTorch inference); the first train step (col
 persistent compilation cache) and the peak resident memory in a fresh process per peer. `--mixed-precision`
 adds a train step and a peak memory row per model in that type: onnxtrain's `load(mixed_precision=...)` against
 PyTorch's step under `torch.autocast(device, dtype)`. `--remat` adds onnxtrain's train step and peak memory with
-`load(remat=True)` (the backward pass recomputes the forward values) against PyTorch's plain step. `--device gpu`
+`load(remat=True)` (the backward pass recomputes the forward values) against PyTorch's plain step. `--jax` adds
+a column for the same model written by hand in JAX + optax, where one exists (GPT-2: jax_gpt2.py). `--device gpu`
 runs onnxtrain on JAX's GPU and PyTorch on CUDA (float32 products in full float32 for both: PyTorch's TF32 is
 turned off), and measures peak GPU memory (the allocators' peak bytes in use) instead of resident memory.
 `--write` puts the table into benchmarks/README.md between the realsize markers of its device.
@@ -163,9 +164,24 @@ def torch_peer(name: str, batch: int, mixed: str | None = None) -> tuple[Callabl
     return train, infer
 
 
+def jax_peer(folder: Path, batch: int) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(train step, infer) of the hand-written JAX model (jax_gpt2.py) on the feeds saved beside the export."""
+    import jax_gpt2
+
+    with np.load(folder / f"feeds-{batch}.npz") as data:
+        return jax_gpt2.peer(data["input_ids"], data["target"], LR)
+
+
+JAX_PEERS = {"gpt2"}  # the cases written by hand in JAX (--jax)
+Row = tuple  # (model, measurement, onnxtrain, PyTorch[, hand-written JAX])
+
+
 def peer(name: str, which: str, folder: Path, batch: int, mixed: str | None = None,
          remat: bool = False) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    """`remat` is onnxtrain's: PyTorch's step stays the plain one it is compared with."""
+    """`which`: "onnxtrain", "torch" or "jax". `remat` is onnxtrain's: PyTorch's step stays the plain one it is
+    compared with."""
+    if which == "jax":
+        return jax_peer(folder, batch)
     return onnxtrain_peer(folder, batch, mixed, remat) if which == "onnxtrain" else torch_peer(name, batch, mixed)
 
 
@@ -199,8 +215,8 @@ def child(spec: str, folder: Path, batch: int, steps: int, mixed: str | None, re
     first = time.perf_counter() - start
     for _ in range(steps):
         train()
-    if which == "onnxtrain" and "torch" in sys.modules:
-        raise RuntimeError("the onnxtrain measurement imported torch: its memory would count torch's")
+    if which != "torch" and "torch" in sys.modules:
+        raise RuntimeError(f"the {which} measurement imported torch: its memory would count torch's")
     peak = device_peak(which) if DEVICE["name"] == "gpu" else rss_kib("VmHWM") * 1024
     print(json.dumps({"first": first, "peak": peak, "settled": rss_kib("VmRSS") * 1024}))
 
@@ -232,8 +248,9 @@ def median_times(calls: dict[str, Callable[[], Any]], steps: int, rounds: int) -
     return {k: float(np.median(v)) for k, v in times.items()}
 
 
-def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int,
-               mixed: str | None = None, remat: bool = False) -> list[tuple[str, str, float, float]]:
+def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int, mixed: str | None = None,
+               remat: bool = False, with_jax: bool = False) -> list[Row]:
+    """`with_jax`: also the hand-written JAX peer, where `name` has one (JAX_PEERS), in a column of its own."""
     folder = exported(name, exporter, batch)
     train_ot, infer_ot = onnxtrain_peer(folder, batch)
     train_pt, infer_pt = torch_peer(name, batch)
@@ -244,6 +261,9 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int,
         calls["mixed torch"] = torch_peer(name, batch, mixed)[0]
     if remat:
         calls["remat onnxtrain"] = onnxtrain_peer(folder, batch, remat=True)[0]
+    with_jax = with_jax and name in JAX_PEERS
+    if with_jax:
+        calls["train jax"], calls["infer jax"] = jax_peer(folder, batch)
     for call in calls.values():
         call()  # compiles onnxtrain's programs; PyTorch's first eager calls
     median = median_times(calls, steps, rounds)
@@ -254,6 +274,7 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int,
         fresh(name, "onnxtrain", folder, batch, 0, cache)  # fills the persistent cache
         warm = fresh(name, "onnxtrain", folder, batch, memory_steps, cache)
     torch_child = fresh(name, "torch", folder, batch, memory_steps, "")
+    jax_child = fresh(name, "jax", folder, batch, memory_steps, "") if with_jax else None
     mb = 2**20
     memory = "peak GPU memory" if DEVICE["name"] == "gpu" else "peak RSS"
     rows = [
@@ -266,6 +287,10 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int,
         # the cold peak includes XLA's compiler; from a warm cache a process loads the executable instead
         (name, f"{memory}, warm cache (MB)", warm["peak"] / mb, torch_child["peak"] / mb),
     ]
+    if jax_child:  # the JAX peer's column where it computes the same thing
+        rows = [row + (jax,) for row, jax in zip(rows, [
+            median["train jax"] * 1e3, median["infer jax"] * 1e3, median["infer jax"] * 1e3, jax_child["first"],
+            None, jax_child["peak"] / mb, None])]
     if mixed:
         ours = fresh(name, "onnxtrain", folder, batch, memory_steps, "", mixed)
         theirs = fresh(name, "torch", folder, batch, memory_steps, "", mixed)
@@ -282,9 +307,16 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int,
     return rows
 
 
-def table(rows: list[tuple[str, str, float, float]]) -> str:
-    lines = ["| model | measurement | onnxtrain | PyTorch | ÷ PyTorch |", "|---|---|---:|---:|---:|"]
-    lines += [f"| {m} | {what} | {ours:.4g} | {theirs:.4g} | {ours / theirs:.2f} |" for m, what, ours, theirs in rows]
+def table(rows: list[Row]) -> str:
+    """Markdown; the hand-written JAX column only where a row has one."""
+    jax = any(len(row) > 4 for row in rows)
+    lines = ["| model | measurement | onnxtrain | PyTorch | ÷ PyTorch |" + (" JAX | ÷ JAX |" if jax else ""),
+             "|---|---|---:|---:|---:|" + ("---:|---:|" if jax else "")]
+    for model, what, ours, theirs, *mine in rows:
+        line = f"| {model} | {what} | {ours:.4g} | {theirs:.4g} | {ours / theirs:.2f} |"
+        if jax:
+            line += f" {mine[0]:.4g} | {ours / mine[0]:.2f} |" if mine and mine[0] is not None else " – | – |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -312,6 +344,8 @@ def main(argv: list[str]) -> None:
     args.add_argument("--remat", action="store_true",
                       help="also onnxtrain's train step and peak memory with load(remat=True), against PyTorch's "
                       "plain step")
+    args.add_argument("--jax", action="store_true",
+                      help="also the hand-written JAX peer where a model has one (gpt2: benchmarks/jax_gpt2.py)")
     args.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                       help="where both peers compute: JAX's CPU and PyTorch's (default), or JAX's GPU and CUDA")
     args.add_argument("--quick", action="store_true", help="a smoke run: few steps, numbers not meaningful")
@@ -338,7 +372,8 @@ def main(argv: list[str]) -> None:
     rows = []
     for name in opts.models.split(","):
         print(f"# measuring {name} ...", flush=True)
-        measured = model_rows(name, opts.exporter, opts.batch, steps, rounds, opts.mixed_precision, opts.remat)
+        measured = model_rows(name, opts.exporter, opts.batch, steps, rounds, opts.mixed_precision, opts.remat,
+                              opts.jax)
         print(table(measured), flush=True)  # each model's rows as they come: a run cut short keeps them
         rows += measured
     machine = f"{cpu_name()}, {os.cpu_count()} cores"
