@@ -89,24 +89,30 @@ def onnxtrain_peer(folder: Path, batch: int, mixed: str | None = None,
                    remat: bool = False) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """(train step, infer) of onnxtrain on the export in `folder` (see `exported`), its products in `mixed`
     precision if given, recomputing in the backward pass with `remat`; trains exactly the module's named
-    parameters where the export kept their names (the dynamo exporter does), else make_trainable's default set."""
+    parameters where the export kept their names (the dynamo exporter does), else make_trainable's default set.
+    The trainable model is written once beside the export and loaded from that file, as a training script loads
+    what `onnxtrain make-trainable` wrote (the engine then keeps the initial state in the file, not in memory)."""
     import jax
     import onnx
 
     import onnxtrain
 
-    model = onnx.load(folder / "model.onnx")
-    initializers = {t.name for t in model.graph.initializer}
-    parameters = json.loads((folder / "parameters.json").read_text())
-    trainable = [n for n in parameters if n in initializers]
-    if len(trainable) < len(parameters):
-        print(f"# {folder.name}: {len(parameters) - len(trainable)} of {len(parameters)} parameters renamed by "
-              f"the exporter; onnxtrain trains make_trainable's default set", flush=True)
-        trainable = None
-    trainable_model = onnxtrain.make_trainable(model, loss="cross_entropy", optimizer="sgd", learning_rate=LR,
-                                               trainable=trainable)
-    del model  # as in a user's script, which keeps the trainable model only
-    engine = onnxtrain.load(trainable_model, mixed_precision=mixed, remat=remat)
+    path = folder / "trainable.onnx"
+    if not path.exists():  # made once, as `onnxtrain make-trainable` writes it; the training script loads the file
+        model = onnx.load(folder / "model.onnx")
+        initializers = {t.name for t in model.graph.initializer}
+        parameters = json.loads((folder / "parameters.json").read_text())
+        trainable = [n for n in parameters if n in initializers]
+        if len(trainable) < len(parameters):
+            print(f"# {folder.name}: {len(parameters) - len(trainable)} of {len(parameters)} parameters renamed by "
+                  f"the exporter; onnxtrain trains make_trainable's default set", flush=True)
+            trainable = None
+        staging = folder / f".trainable.{os.getpid()}.onnx"
+        onnx.save(onnxtrain.make_trainable(model, loss="cross_entropy", optimizer="sgd", learning_rate=LR,
+                                           trainable=trainable), staging)
+        staging.replace(path)
+        del model
+    engine = onnxtrain.load(path, mixed_precision=mixed, remat=remat)
     if jax.default_backend() != DEVICE["name"]:
         raise RuntimeError(f"--device {DEVICE['name']}, but JAX's default backend is {jax.default_backend()}")
     with np.load(folder / f"feeds-{batch}.npz") as data, jax.enable_x64(True):  # int64 ids and labels stay int64

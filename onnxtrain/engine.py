@@ -26,14 +26,15 @@ import onnx
 from .cache import enable_compilation_cache
 from .dtypes import HOST_ONLY_DTYPES, is_float
 from .errors import StateError, StepError
-from .export import save_atomic, saved_step_count, stored_state, with_initializers, with_state, without_zero_state
+from .export import (save_atomic, saved_step_count, stored_state, with_initializers, with_state, without_state_bytes,
+                     without_zero_state)
 from .feeds import FeedChecker, array_signature
 from .lower.autocast import mixed_precision_of
 from .lower.folding import load_time_constants
 from .ir import Graph, ValueInfo
 from .lower.build import build_graph, model_resolver, raise_if_missing
 from .lower.layout import KernelLast, kernel_only_weights
-from .model import ModelSource, check_model, read_model
+from .model import ModelSource, StateFile, check_model, read_model
 from .placement import Placement, host_array
 from .program import Program, tracing
 from . import steps
@@ -66,9 +67,12 @@ class Engine:
         self, model: onnx.ModelProto, seed: int = 0, check: bool = True, devices: Sequence[jax.Device] | None = None,
         matmul_precision: str = "highest", shard_state: bool = False, mixed_precision: str | None = None,
         loss_scale: float | None = None, remat: bool = False, zero_state: frozenset[str] = frozenset(),
+        source_file: Path | None = None,
     ):
         """`zero_state`: state variables `model` holds without their bytes, which are all zero
-        (export.without_zero_state; `load` does so for a model it read itself)."""
+        (export.without_zero_state; `load` does so for a model it read itself). `source_file`: the file `model`
+        was read from, no one else holding `model`: once the state is on the device, the engine keeps its initial
+        values in that file instead of in memory (model.StateFile)."""
         self.mixed_precision = mixed_precision_of(mixed_precision, loss_scale)  # lower/autocast.py
         if check:
             check_model(model)
@@ -123,6 +127,10 @@ class Engine:
 
         placed = {owner: {n: place(owner, n) for n in names} for owner, names in moving.items()}
         self._state = {n: placed[owner].pop(n) for n, owner in self.state_owner.items()}
+        self._state_file: StateFile | None = None
+        if source_file is not None:  # the state is on the device now: its initial bytes can stay in the file
+            self.model, checksums = without_state_bytes(model, self.state_owner, zero_state)
+            self._state_file = StateFile(source_file, checksums) if checksums else None
         self._main_consts, self._main_static = placed[None], self.graph.initializers
         self._algorithm_consts = [placed[a.index] for a in self.algorithms]
         self._algorithm_static = [a.graph.initializers for a in self.algorithms]
@@ -297,7 +305,8 @@ class Engine:
             self._rebuild = self.reset
 
     def _put_stored_state(self, step_count: int) -> None:
-        stored = stored_state(self.model, self.state_owner, self._zero_state)
+        model = self.model if self._state_file is None else self._state_file.read()
+        stored = stored_state(model, self.state_owner, self._zero_state)
         self._state = {name: self._put(name, value) for name, value in stored}
         self.step_count = step_count
         self._step = None
@@ -394,9 +403,10 @@ def load(
             check_model(model)
             check = False
         model, zero_state = without_zero_state(model)
+    source_file = None if isinstance(source, (onnx.ModelProto, bytes, bytearray)) else Path(source)
     return Engine(model, seed=seed, check=check, devices=devices, matmul_precision=matmul_precision,
                   shard_state=shard_state, mixed_precision=mixed_precision, loss_scale=loss_scale, remat=remat,
-                  zero_state=zero_state)
+                  zero_state=zero_state, source_file=source_file)
 
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Mapping
@@ -68,6 +69,26 @@ def without_zero_state(model: onnx.ModelProto) -> tuple[onnx.ModelProto, frozens
     if not zero:
         return model, zero
     return lean_copy(model, lambda tensor: tensor.name in zero and holds_zeros(tensor)), zero
+
+
+def without_state_bytes(model: onnx.ModelProto, state_owner: Mapping[str, int | None],
+                        zero: frozenset[str]) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """`model` without the bytes of its state variables (except the `zero` ones, which hold none already), and
+    the CRC-32 of each variable's bytes it took: for an engine that read `model` from a file and can read them
+    there again (model.StateFile). Only a variable held by one initializer of one graph loses its bytes, the
+    one with_state replaces on export. A copy, as for `without_zero_state`."""
+    names = Counter(t.name for g in initializer_graphs(model) for t in g.initializer)
+    graphs = {None: model.graph, **{k: info.algorithm for k, info in enumerate(model.training_info)}}
+    checksums = {}
+    for owner, graph in graphs.items():
+        for tensor in graph.initializer:
+            name = tensor.name
+            if state_owner.get(name, -1) == owner and name not in zero and names[name] == 1 and tensor.HasField(
+                    "raw_data"):
+                checksums[name] = zlib.crc32(tensor.raw_data)
+    if not checksums:
+        return model, checksums
+    return lean_copy(model, lambda tensor: tensor.name in checksums), checksums
 
 
 def holds_zeros(tensor: TensorProto) -> bool:

@@ -5,14 +5,17 @@ onnx.checker's verdict. Building its graphs and binding their nodes is lower/bui
 from __future__ import annotations
 
 import os
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import onnx
 from google.protobuf.message import DecodeError
 
 from . import lower  # noqa: F401  (registers every op)
 from . import big_models
-from .big_models import PROTOBUF_LIMIT, check_skeleton, weight_bytes
+from .big_models import PROTOBUF_LIMIT, check_skeleton, initializer_graphs, weight_bytes
 from .errors import ModelLoadError
 from .external_data import inline_external_data, open_regular_file
 
@@ -42,6 +45,28 @@ def read_model(source: ModelSource) -> tuple[onnx.ModelProto, Path | None]:
         raise ModelLoadError(f"{what} is not an ONNX model (no ir_version or graph)")
     inline_external_data(model, folder)
     return model, folder
+
+
+@dataclass(frozen=True)
+class StateFile:
+    """The model file an engine read, where the initial values of its state variables stay instead of in memory
+    (`load(path)`): `reset`, and the rebuild after a failed first step, read them there again. `checksums`: the
+    CRC-32 of each variable's bytes when loaded; a file whose bytes differ since is refused, not trained from."""
+
+    path: Path
+    checksums: Mapping[str, int]
+
+    def read(self) -> onnx.ModelProto:
+        model, _ = read_model(self.path)
+        held = {t.name: t for g in initializer_graphs(model) for t in g.initializer if t.name in self.checksums}
+        changed = sorted(n for n, crc in self.checksums.items()
+                         if n not in held or not held[n].HasField("raw_data") or zlib.crc32(held[n].raw_data) != crc)
+        if changed:
+            raise ModelLoadError(
+                f"file {str(self.path)!r} no longer holds the initial state it was loaded with ({changed[:5]} "
+                f"differ): the engine reads the state's initial values there for reset() and to recover from a "
+                "failed first step; load the model again")
+        return model
 
 
 def read_model_file(path: Path, what: str) -> bytes:

@@ -11,9 +11,11 @@ import tracemalloc
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxtrain
+from onnxtrain.errors import ModelLoadError
 
 WIDTHS = [512] * 33  # 32 weights of 1 MB
 
@@ -107,3 +109,33 @@ def test_an_engine_that_read_the_file_keeps_no_bytes_of_zero_state(tmp_path):
     before = trainable.SerializeToString()  # a proto handed in is the caller's: left whole
     onnxtrain.load(trainable)
     assert trainable.SerializeToString() == before
+
+
+def test_an_engine_that_read_the_file_keeps_the_initial_state_there(tmp_path):
+    """load(path): once the state is on the device, the engine's proto holds none of its bytes (in memory: 0.47 GB
+    less resident for GPT-2); reset reads the initial values from the file again, and a file changed since
+    load is refused by name, the trained state left as it was."""
+    model, size = wide_mlp()
+    path = tmp_path / "sgd.onnx"
+    onnx.save(onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=0.1), path)
+    engine = onnxtrain.load(path)
+    assert engine.model.ByteSize() < 0.01 * size
+    x = np.random.default_rng(1).standard_normal((4, WIDTHS[0]), np.float32)
+    engine.train_step({"X": x, "target": np.zeros((4, WIDTHS[-1]), np.float32)})
+    trained = np.asarray(engine.state["W0"]).copy()
+    original = numpy_helper.to_array(model.graph.initializer[0])
+    assert not np.array_equal(trained, original)
+    out = tmp_path / "trained.onnx"
+    engine.export(out)  # the state's bytes come from the device
+    np.testing.assert_array_equal(numpy_helper.to_array(onnx.load(out).graph.initializer[0]), trained)
+    engine.reset()
+    for tensor in model.graph.initializer:
+        np.testing.assert_array_equal(np.asarray(engine.state[tensor.name]), numpy_helper.to_array(tensor))
+    engine.train_step({"X": x, "target": np.zeros((4, WIDTHS[-1]), np.float32)})
+    np.testing.assert_array_equal(np.asarray(engine.state["W0"]), trained)  # the same step from the same start
+    changed = onnx.load(path)
+    changed.graph.initializer[3].CopyFrom(numpy_helper.from_array(np.zeros((512, 512), np.float32), "W3"))
+    onnx.save(changed, path)
+    with pytest.raises(ModelLoadError, match=r"no longer holds the initial state .*'W3'"):
+        engine.reset()
+    np.testing.assert_array_equal(np.asarray(engine.state["W0"]), trained)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
+from google.protobuf.message import Message
 
 from .. import tensor_data
 from ..big_models import PROTOBUF_LIMIT
@@ -23,6 +24,8 @@ from ..ir import Graph, Node, ValueInfo
 from ..tensor_data import decode_utf8, holds_no_data, known_type, tensor_value, zeros_of
 from ..well_formed import check_well_formed
 from .registry import canonical_domain, lookup, schema_for
+
+M = TypeVar("M", bound=Message)
 
 
 @dataclass
@@ -81,7 +84,7 @@ def value_info(vi: onnx.ValueInfoProto) -> ValueInfo:
         )
         if any(isinstance(d, int) and d < 0 for d in shape):
             raise ModelLoadError(f"value {vi.name!r} has a negative dimension in its shape {list(shape)}")
-    return ValueInfo(vi.name, elem_type, shape, vi.type)
+    return ValueInfo(vi.name, elem_type, shape, detached(vi.type))
 
 
 def sparse_to_dense(sparse: onnx.SparseTensorProto, label: str) -> np.ndarray:
@@ -126,8 +129,17 @@ def substitute_attribute_refs(
             bound.name = attr.name
             result.append(bound)
         else:
-            result.append(attr)
+            result.append(detached(attr))
     return result
+
+
+def detached(message: M) -> M:
+    """A copy of a sub-message of the model that does not share its memory: protobuf (upb) keeps a whole
+    message alive while any of its sub-messages is referenced, so a view holding one would keep every weight's
+    bytes of the model it was built from (load(path) drops the proto's state bytes once they are on the device)."""
+    copy = type(message)()
+    copy.CopyFrom(message)
+    return copy
 
 
 def build_node(
@@ -202,7 +214,7 @@ def check_function_body(key: tuple[str, str], resolver: Resolver) -> None:
 def model_resolver(model: onnx.ModelProto, zero_initializers: frozenset[str] = frozenset()) -> Resolver:
     """The opsets and functions nodes bind with, once the model is known to be well formed (well_formed.py)."""
     check_well_formed(model)
-    functions = {(f.domain, f.name): f for f in model.functions}
+    functions = {(f.domain, f.name): detached(f) for f in model.functions}
     return Resolver(opset_versions(model.opset_import, "the model"), functions,
                     zero_initializers=zero_initializers)
 
