@@ -45,8 +45,13 @@ def on_device(name: str, value: np.ndarray, state: set[str]) -> bool:
     """Whether an initializer lives on the device (traced) or stays a NumPy constant (static). State always
     lives there; so do float weights, so they are not baked into the executable. Integer/bool/string constants
     are static so shape arithmetic on them folds, and so are the float types XLA has no buffer for
-    (HOST_ONLY_DTYPES: their ops compute on the host)."""
-    return name in state or (is_float(value.dtype) and np.dtype(value.dtype) not in HOST_ONLY_DTYPES)
+    (HOST_ONLY_DTYPES: their ops compute on the host), and float scalars that are not state: an exporter's
+    constants (GELU's exponent 3.0 and coefficients, a norm's exponent 2.0) compile in as literals, so Pow by
+    3.0 is two multiplies, not XLA's exp-log pow (GPT-2's inference: 44 -> 4 ms of its ~330 in those kernels).
+    (Small vectors stay traced: a BatchNorm's statistics folded at trace time rounded differently.)"""
+    if name in state:
+        return True
+    return is_float(value.dtype) and np.dtype(value.dtype) not in HOST_ONLY_DTYPES and value.size > 1
 
 
 def feed_lists(graphs: list[Graph]) -> tuple[list[ValueInfo], list[ValueInfo]]:
@@ -326,7 +331,10 @@ class Engine:
 
         It traces under JAX's x64 mode so ONNX's int64/double values keep their dtypes."""
         consts = {n: v.as_onnx() if isinstance(v, KernelLast) else v for n, v in self._main_consts.items()}
-        params = {**consts, **{n: v for n, v in self._state.items() if self.state_owner[n] is None}}
+        # the small float constants the engine's own programs compile in (on_device) are parameters here too
+        small = {n: self._put(n, v) for n, v in self._main_static.items()
+                 if is_float(v.dtype) and np.dtype(v.dtype) not in HOST_ONLY_DTYPES}
+        params = {**small, **consts, **{n: v for n, v in self._state.items() if self.state_owner[n] is None}}
 
         def fn(params: Mapping[str, Any], feeds: Mapping[str, Any]) -> dict[str, Any]:
             with jax.enable_x64(True), tracing(self.matmul_precision, self._placement.platform):

@@ -77,3 +77,30 @@ def test_a_constant_an_op_reads_at_trace_time_stays_static():
         warnings.simplefilter("ignore")
         got = onnxtrain.load(model).infer({"X": x})["Y"]
     np.testing.assert_allclose(got, ReferenceEvaluator(model).run(None, {"X": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_scalar_initializers_compile_in_and_stay_parameters_of_jax_function():
+    """An exporter's scalar initializers (GELU's x ** 3.0 and its coefficient) are literals of the program, so
+    the power is multiplications (no XLA pow: ~10x slower on the CPU), while jax_function still differentiates
+    in them. NumPy is the reference; a fractional exponent keeps the general power."""
+    import jax
+
+    nodes = [helper.make_node("Pow", ["X", "three"], ["cube"]), helper.make_node("Mul", ["cube", "c"], ["Y"]),
+             helper.make_node("Pow", ["X", "half"], ["Z"])]
+    graph = helper.make_graph(
+        nodes, "scalars", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [5])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [5]) for n in ("Y", "Z")],
+        [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("three", 3.0), ("c", 0.044715),
+                                                                          ("half", 0.5))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.array([-1.5, -0.25, 0.0, 0.7, 2.0], np.float32)
+    engine = onnxtrain.load(model)
+    out = engine.infer({"X": x})
+    np.testing.assert_allclose(np.asarray(out["Y"]), 0.044715 * x.astype(np.float64) ** 3, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(out["Z"]), np.abs(x) ** 0.5 * np.where(x < 0, np.nan, 1), rtol=1e-6)
+    text = engine.lower({"X": x}).as_text()
+    assert text.count("stablehlo.power") == 1  # the 0.5 one only
+    fn, params = engine.jax_function()
+    assert {"three", "c", "half"} <= set(params)
+    grad = jax.grad(lambda p: fn(p, {"X": x})["Y"].sum())(params)
+    np.testing.assert_allclose(float(grad["c"]), float(np.sum(x.astype(np.float64) ** 3)), rtol=1e-6)
