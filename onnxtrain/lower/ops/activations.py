@@ -12,6 +12,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from ..registry import register
 from ..values import Array
@@ -57,9 +58,15 @@ def shrink(x: Array, *, bias: float = 0.0, lambd: float = 0.5) -> Array:
 
 
 def gelu(x: Array, *, approximate: str = "none") -> Array:
+    """The schema's formulas. The exact one is written with erf, as the schema and PyTorch's CPU kernel write it;
+    jax.nn.gelu computes it through erfc, which XLA-CPU expands into three loop kernels around an exp (BERT-base's
+    train step 707 -> 694 ms with erf, alternating in one process; [256, 3072] alone 0.64 -> 0.46 ms)."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
-    return jax.nn.gelu(x, approximate=approximate == "tanh")
+    if approximate == "tanh":
+        return jax.nn.gelu(x, approximate=True)
+    x = jnp.asarray(x)
+    return (x * (1 + lax.erf(x * jnp.asarray(math.sqrt(0.5), x.dtype))) * jnp.asarray(0.5, x.dtype)).astype(x.dtype)
 
 
 def mish(x: Array) -> Array:
