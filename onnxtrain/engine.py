@@ -411,7 +411,8 @@ def load(
             check_model(model)
             check = False
         model, zero_state = without_zero_state(model)
-    source_file = None if isinstance(source, (onnx.ModelProto, bytes, bytearray)) else Path(source)
+    # absolute: reset reads it again, maybe after the caller changed the working directory
+    source_file = None if isinstance(source, (onnx.ModelProto, bytes, bytearray)) else Path(source).absolute()
     return Engine(model, seed=seed, check=check, devices=devices, matmul_precision=matmul_precision,
                   shard_state=shard_state, mixed_precision=mixed_precision, loss_scale=loss_scale, remat=remat,
                   zero_state=zero_state, source_file=source_file)

@@ -139,3 +139,17 @@ def test_an_engine_that_read_the_file_keeps_the_initial_state_there(tmp_path):
     with pytest.raises(ModelLoadError, match=r"no longer holds the initial state .*'W3'"):
         engine.reset()
     np.testing.assert_array_equal(np.asarray(engine.state["W0"]), trained)
+
+
+def test_reset_reads_the_file_it_was_loaded_from_after_a_change_of_directory(tmp_path, monkeypatch):
+    model, _ = wide_mlp()
+    (tmp_path / "a").mkdir()
+    trainable = onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=0.1)
+    onnx.save(trainable, tmp_path / "a" / "m.onnx")
+    monkeypatch.chdir(tmp_path / "a")
+    engine = onnxtrain.load("m.onnx")
+    x = np.random.default_rng(1).standard_normal((4, WIDTHS[0]), np.float32)
+    engine.train_step({"X": x, "target": np.zeros((4, WIDTHS[-1]), np.float32)})
+    monkeypatch.chdir(tmp_path)
+    engine.reset()
+    np.testing.assert_array_equal(np.asarray(engine.state["W0"]), numpy_helper.to_array(model.graph.initializer[0]))
