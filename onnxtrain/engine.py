@@ -379,6 +379,9 @@ class Engine:
         (external_data=True, or automatically past protobuf's 2 GiB) goes to `<name>.<16 hex>.data` beside it,
         a new name at each export: the model file and its data are always both the old or both the new."""
         with self.lock:
+            if self._state_file is not None and self._state_file.is_file(Path(path)):
+                # the file about to be replaced holds the initial state reset reads: it stays in memory from now
+                self.model, self._state_file = self._state_file.read(), None
             save_atomic(with_state(self.model, self._state, self.state_owner, self.step_count), Path(path),
                         external_data)
 

@@ -56,6 +56,10 @@ class StateFile:
     path: Path
     checksums: Mapping[str, int]
 
+    def is_file(self, path: Path) -> bool:
+        """Whether `path` names this file (through links too)."""
+        return path.exists() and self.path.exists() and os.path.samefile(path, self.path)
+
     def read(self) -> onnx.ModelProto:
         model, _ = read_model(self.path)
         held = {t.name: t for g in initializer_graphs(model) for t in g.initializer if t.name in self.checksums}

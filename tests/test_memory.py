@@ -153,3 +153,19 @@ def test_reset_reads_the_file_it_was_loaded_from_after_a_change_of_directory(tmp
     monkeypatch.chdir(tmp_path)
     engine.reset()
     np.testing.assert_array_equal(np.asarray(engine.state["W0"]), numpy_helper.to_array(model.graph.initializer[0]))
+
+
+def test_exporting_over_the_loaded_file_keeps_reset_working(tmp_path):
+    """The file a loaded engine reads its initial state from, overwritten by its own export: reset still puts the
+    initializer values back (the engine reads them into memory before the export replaces the file)."""
+    model, _ = wide_mlp()
+    path = tmp_path / "m.onnx"
+    onnx.save(onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=0.1), path)
+    engine = onnxtrain.load(path)
+    x = np.random.default_rng(1).standard_normal((4, WIDTHS[0]), np.float32)
+    engine.train_step({"X": x, "target": np.zeros((4, WIDTHS[-1]), np.float32)})
+    trained = np.asarray(engine.state["W0"]).copy()
+    engine.export(path)
+    np.testing.assert_array_equal(numpy_helper.to_array(onnx.load(path).graph.initializer[0]), trained)
+    engine.reset()
+    np.testing.assert_array_equal(np.asarray(engine.state["W0"]), numpy_helper.to_array(model.graph.initializer[0]))
