@@ -83,8 +83,8 @@ def without_state_bytes(model: onnx.ModelProto, state_owner: Mapping[str, int | 
     for owner, graph in graphs.items():
         for tensor in graph.initializer:
             name = tensor.name
-            if state_owner.get(name, -1) == owner and name not in zero and names[name] == 1 and tensor.HasField(
-                    "raw_data"):
+            owned_here = name in state_owner and state_owner[name] == owner and names[name] == 1
+            if owned_here and name not in zero and tensor.HasField("raw_data"):
                 checksums[name] = zlib.crc32(tensor.raw_data)
     if not checksums:
         return model, checksums
