@@ -239,8 +239,16 @@ def test_default_trainable_set_trains_like_pytorch(name, exporter, tmp_path):
         check_training(trainable, ref, after, tmp_path, reparametrized(before, parameters, ref.initial))
 
 
-@pytest.mark.parametrize("remat", [False, True], ids=["plain", "remat"])
-@pytest.mark.parametrize("name, exporter", cases("recipe", ["dynamo_unoptimized"]))
+def recipe_cases() -> list:
+    """Each recipe case plain, and with remat where the export succeeds (a known failure is the exporter's:
+    once is enough)."""
+    plain = [pytest.param(*p.values, False, id=f"{p.id}-plain", marks=p.marks)
+             for p in cases("recipe", ["dynamo_unoptimized"])]
+    return plain + [pytest.param(*p.values[:2], True, id=p.id.replace("-plain", "-remat"))
+                    for p in plain if not p.marks]
+
+
+@pytest.mark.parametrize("name, exporter, remat", recipe_cases())
 def test_named_parameters_of_an_unoptimized_dynamo_export_train_like_pytorch(name, exporter, remat, tmp_path):
     """The recipe, `onnxtrain.from_torch`: `dynamo=True, optimize=False` keeps parameter names and folds nothing,
     and `trainable=` names the parameters PyTorch trains (requires_grad: all of named_parameters() would train
