@@ -49,9 +49,12 @@ def on_device(name: str, value: np.ndarray, state: set[str]) -> bool:
     constants (GELU's exponent 3.0 and coefficients, a norm's exponent 2.0) compile in as literals, so Pow by
     3.0 is two multiplies, not XLA's exp-log pow (GPT-2's inference: 44 -> 4 ms of its ~330 in those kernels).
     (Small vectors stay traced: a BatchNorm's statistics folded at trace time rounded differently.)"""
-    if name in state:
-        return True
-    return is_float(value.dtype) and np.dtype(value.dtype) not in HOST_ONLY_DTYPES and value.size > 1
+    return name in state or (device_float(value.dtype) and value.size > 1)
+
+
+def device_float(dtype: np.dtype) -> bool:
+    """A float type XLA has buffers for (not one of HOST_ONLY_DTYPES)."""
+    return is_float(dtype) and np.dtype(dtype) not in HOST_ONLY_DTYPES
 
 
 def feed_lists(graphs: list[Graph]) -> tuple[list[ValueInfo], list[ValueInfo]]:
@@ -332,8 +335,7 @@ class Engine:
         It traces under JAX's x64 mode so ONNX's int64/double values keep their dtypes."""
         consts = {n: v.as_onnx() if isinstance(v, KernelLast) else v for n, v in self._main_consts.items()}
         # the small float constants the engine's own programs compile in (on_device) are parameters here too
-        small = {n: self._put(n, v) for n, v in self._main_static.items()
-                 if is_float(v.dtype) and np.dtype(v.dtype) not in HOST_ONLY_DTYPES}
+        small = {n: self._put(n, v) for n, v in self._main_static.items() if device_float(v.dtype)}
         params = {**small, **consts, **{n: v for n, v in self._state.items() if self.state_owner[n] is None}}
 
         def fn(params: Mapping[str, Any], feeds: Mapping[str, Any]) -> dict[str, Any]:

@@ -71,6 +71,12 @@ def without_zero_state(model: onnx.ModelProto) -> tuple[onnx.ModelProto, frozens
     return lean_copy(model, lambda tensor: tensor.name in zero and holds_zeros(tensor)), zero
 
 
+def owner_graphs(model: onnx.ModelProto) -> dict[int | None, onnx.GraphProto]:
+    """The graphs that can own state, keyed as `state_owner` keys them: None for ModelProto.graph, k for
+    training_info[k].algorithm."""
+    return {None: model.graph, **{k: info.algorithm for k, info in enumerate(model.training_info)}}
+
+
 def without_state_bytes(model: onnx.ModelProto, state_owner: Mapping[str, int | None],
                         zero: frozenset[str]) -> tuple[onnx.ModelProto, dict[str, int]]:
     """`model` without the bytes of its state variables (except the `zero` ones, which hold none already), and
@@ -78,9 +84,8 @@ def without_state_bytes(model: onnx.ModelProto, state_owner: Mapping[str, int | 
     there again (model.StateFile). Only a variable held by one initializer of one graph loses its bytes, the
     one with_state replaces on export. A copy, as for `without_zero_state`."""
     names = Counter(t.name for g in initializer_graphs(model) for t in g.initializer)
-    graphs = {None: model.graph, **{k: info.algorithm for k, info in enumerate(model.training_info)}}
     checksums = {}
-    for owner, graph in graphs.items():
+    for owner, graph in owner_graphs(model).items():
         for tensor in graph.initializer:
             name = tensor.name
             owned_here = name in state_owner and state_owner[name] == owner and names[name] == 1
@@ -108,7 +113,7 @@ def stored_state(model: onnx.ModelProto, state_owner: Mapping[str, int | None],
     """(name, value) of each state variable as `model`'s initializers store it (the spec's pre-initialized
     state), decoded one at a time so that a caller moving them to a device holds one decoded copy at most.
     `state_owner` as for `with_state`; `zero`: the variables `without_zero_state` took the bytes of."""
-    graphs = {None: model.graph, **{k: info.algorithm for k, info in enumerate(model.training_info)}}
+    graphs = owner_graphs(model)
     tensors = {owner: {t.name: t for t in graph.initializer} for owner, graph in graphs.items()}
     sparse = {owner: {t.values.name: t for t in graph.sparse_initializer} for owner, graph in graphs.items()}
     for name, owner in state_owner.items():

@@ -177,8 +177,9 @@ def rematerialized(f):
     def backward(inputs, cotangents):
         leaves, tree = jax.tree_util.tree_flatten(inputs)
         wrt = [i for i, v in enumerate(leaves) if perturbed[i] and jnp.issubdtype(jnp.result_type(v), jnp.inexact)]
-        seeds = [i for i, c in enumerate(jax.tree_util.tree_leaves(cotangents)) if not isinstance(c, SymbolicZero)]
-        seed_values = [jax.tree_util.tree_leaves(cotangents)[i] for i in seeds]
+        incoming = jax.tree_util.tree_leaves(cotangents)
+        seeds = [i for i, c in enumerate(incoming) if not isinstance(c, SymbolicZero)]
+        seed_values = [incoming[i] for i in seeds]
         grads: list = [None] * len(leaves)
         if not (wrt and seeds):
             return (jax.tree_util.tree_unflatten(tree, grads),)
