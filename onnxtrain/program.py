@@ -7,6 +7,7 @@ fed as a graph input), which are found on the first trace and then compiled per 
 
 from __future__ import annotations
 
+import functools
 import gc
 import warnings
 from contextlib import contextmanager
@@ -91,12 +92,32 @@ def tracing(matmul_precision: str, platform: str) -> Iterator[None]:
 # 575 -> 347 MB, compile 6.3 -> 4.6 s and 2.3 -> 1.5 s, steps within noise. A transformer compiled twice as long
 # with the older emitters and T5-small's step ran 8 % longer, so only programs with convolutions take them.
 CONVOLUTIONS = frozenset({"Conv", "ConvTranspose"})
+LOOP_EMITTERS = {"xla_cpu_use_fusion_emitters": False}
+
+# XLA-CPU hands a convolution to YNNPACK by default (jaxlib 0.10: the library fusion kinds "individual dot",
+# "reduce" and "individual convolution"); its Eigen convolution, the kind left out here, is faster on most of a
+# CNN's shapes: forward and both gradients 0.64-0.95x the time over ResNet-18's (0.75x for 3x3 over 64 channels
+# at 56x56, 1.14x over 128 at 28x28), train step ResNet-18 0.87-0.94x, MobileNetV3-small 0.91x, same numbers
+# within float32 rounding (benchmarks/README.md). Set only where this XLA knows the option.
+YNNPACK_WITHOUT_CONVOLUTION = {
+    "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"}
+
+
+@functools.cache
+def accepted(option: str, value: Any) -> bool:
+    """Whether XLA's CPU compiler takes `option=value` (an unknown option or enum value fails a compile)."""
+    scalar = jax.device_put(np.float32(0), jax.devices("cpu")[0])
+    try:
+        jax.jit(lambda x: x + 1).lower(scalar).compile(compiler_options={option: value})
+    except jax.errors.JaxRuntimeError:
+        return False
+    return True
 
 
 def compiler_options(nodes: Sequence[Node], platform: str) -> dict[str, Any]:
     """XLA options for the program of `nodes` on `platform` (jax.jit's compiler_options)."""
     if platform == "cpu" and any(node.op_type in CONVOLUTIONS and not node.domain for node in nodes):
-        return {"xla_cpu_use_fusion_emitters": False}
+        return {**LOOP_EMITTERS, **{k: v for k, v in YNNPACK_WITHOUT_CONVOLUTION.items() if accepted(k, v)}}
     return {}
 
 

@@ -66,3 +66,56 @@ def test_each_form_matches_the_reference_and_pytorchs_gradients(case: str):
     np.testing.assert_allclose(np.asarray(grads["W"]), wt.grad.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(np.asarray(grads["B"]), bt.grad.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(np.asarray(grad_x), xt.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+# XLA's convolution in the geometries its forward pass and gradients take, compiled with the options onnxtrain
+# gives a CPU program with convolutions (program.py: Eigen's convolution instead of YNNPACK's): (input channels,
+# output channels, groups, kernel, stride, dilation, spatial size, batch). The gradients are convolutions too
+# (an input gradient is a transposed convolution: XLA's lhs dilation where strided).
+XLA_CASES = {
+    "3x3 over 64 channels at 16x16": (64, 64, 1, (3, 3), (1, 1), (1, 1), (16, 16), 2),
+    "strided 3x3": (16, 32, 1, (3, 3), (2, 2), (1, 1), (15, 15), 2),
+    "dilated 3x3": (8, 8, 1, (3, 3), (1, 1), (2, 2), (12, 12), 1),
+    "grouped 3x3": (16, 24, 4, (3, 3), (1, 1), (1, 1), (10, 10), 2),
+    "1-D width 5": (12, 20, 1, (5,), (1,), (1,), (30,), 3),
+    "3-D 3x3x3": (4, 6, 1, (3, 3, 3), (1, 1, 1), (1, 1, 1), (6, 7, 8), 2),
+}
+
+
+@pytest.mark.parametrize("case", XLA_CASES)
+def test_xla_convolution_under_the_cpu_options_matches_the_default_compile_and_pytorch(case: str):
+    from types import SimpleNamespace
+
+    from jax import lax
+
+    from onnxtrain.program import compiler_options
+
+    c_in, c_out, groups, kernel, stride, dilation, size, batch = XLA_CASES[case]
+    options = compiler_options([SimpleNamespace(op_type="Conv", domain="")], "cpu")
+    assert options.get("xla_cpu_experimental_ynn_fusion_type"), "no YNNPACK option to check (jaxlib refuses it?)"
+    rng = np.random.default_rng(SEED)
+    x = rng.standard_normal((batch, c_in, *size)).astype(np.float32)
+    w = (rng.standard_normal((c_out, c_in // groups, *kernel)) / np.sqrt(c_in * np.prod(kernel))).astype(np.float32)
+    pads = [(d * (k - 1) // 2,) * 2 for k, d in zip(kernel, dilation)]
+
+    def conv(x, w):
+        return lax.conv_general_dilated(x, w, stride, pads, rhs_dilation=dilation, feature_group_count=groups)
+
+    y_shape = jax.eval_shape(conv, x, w).shape
+    cotangent = rng.standard_normal(y_shape).astype(np.float32)
+
+    def forward_and_gradients(x, w, g):
+        y, pullback = jax.vjp(conv, x, w)
+        return (y, *pullback(g))
+
+    lowered = jax.jit(forward_and_gradients).lower(x, w, cotangent)
+    ours = lowered.compile(compiler_options=options)(x, w, cotangent)
+    default = lowered.compile()(x, w, cotangent)
+
+    xt, wt = (torch.tensor(v, requires_grad=True) for v in (x, w))
+    torch_conv = getattr(torch.nn.functional, f"conv{len(kernel)}d")
+    y = torch_conv(xt, wt, stride=stride, padding=[p for p, _ in pads], dilation=dilation, groups=groups)
+    (y * torch.from_numpy(cotangent)).sum().backward()
+    for got, base, theirs in zip(ours, default, (y.detach(), xt.grad, wt.grad)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(base), rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(np.asarray(got), theirs.numpy(), rtol=1e-4, atol=1e-4)
