@@ -9,7 +9,8 @@ dynamo`, PyTorch's default, or `torchscript`) into benchmarks/.realsize/ and reu
 trains it with `make_trainable(loss="cross_entropy", optimizer="sgd", trainable=<the module's parameter names>)`,
 PyTorch with `cross_entropy`, `backward` and `torch.optim.SGD` on the same module. The train step and inference
 are timed in this process in rounds alternating between the two (and the inference of the export itself, loaded
-without training, against the same PyTorch inference); the first train step (cold, and with a warm
+without training, against the same PyTorch inference), each ratio also per round, lowest to highest (what
+the host's noise did to it); the first train step (cold, and with a warm
 persistent compilation cache) and the peak resident memory in a fresh process per peer. `--mixed-precision`
 adds a train step and a peak memory row per model in that type: onnxtrain's `load(mixed_precision=...)` against
 PyTorch's step under `torch.autocast(device, dtype)`. `--remat` adds onnxtrain's train step and peak memory with
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -179,7 +181,14 @@ def jax_peer(folder: Path, batch: int) -> tuple[Callable[[], Any], Callable[[], 
 
 
 JAX_PEERS = {"gpt2"}  # the cases written by hand in JAX (--jax)
-Row = tuple  # (model, measurement, onnxtrain, PyTorch[, hand-written JAX])
+@dataclass(frozen=True)
+class Row:
+    model: str
+    measurement: str
+    ours: float
+    theirs: float  # PyTorch's
+    spread: tuple[float, float] | None = None  # a timing's ours ÷ theirs, lowest and highest over the rounds
+    jax: float | None = None  # the hand-written JAX peer's, where it computes the same thing
 
 
 def peer(name: str, which: str, folder: Path, batch: int, mixed: str | None = None,
@@ -240,18 +249,33 @@ def fresh(name: str, which: str, folder: Path, batch: int, steps: int, cache: st
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def median_times(calls: dict[str, Callable[[], Any]], steps: int, rounds: int) -> dict[str, float]:
-    """Median seconds per call, in rounds alternating between the callables (drift hits all alike)."""
-    times: dict[str, list[float]] = {k: [] for k in calls}
-    for _ in range(rounds):
-        for key, call in calls.items():
-            time.sleep(0.05)  # PyTorch's OpenMP workers spin after their last call and would slow the next peer
-            call()  # untimed: the first call after another peer's turn runs on cold caches
-            for _ in range(max(1, steps // rounds)):
-                start = time.perf_counter()
-                call()
-                times[key].append(time.perf_counter() - start)
-    return {k: float(np.median(v)) for k, v in times.items()}
+class Timings:
+    """Seconds per call of each callable, timed in rounds alternating between them (drift hits all alike)."""
+
+    def __init__(self, calls: dict[str, Callable[[], Any]], steps: int, rounds: int):
+        self.rounds: dict[str, list[list[float]]] = {k: [] for k in calls}
+        for _ in range(rounds):
+            for key, call in calls.items():
+                time.sleep(0.05)  # PyTorch's OpenMP workers spin after their last call and would slow the next peer
+                call()  # untimed: the first call after another peer's turn runs on cold caches
+                times = []
+                for _ in range(max(1, steps // rounds)):
+                    start = time.perf_counter()
+                    call()
+                    times.append(time.perf_counter() - start)
+                self.rounds[key].append(times)
+
+    def ms(self, key: str) -> float:
+        """The median over every round."""
+        return float(np.median(sum(self.rounds[key], []))) * 1e3
+
+    def spread(self, ours: str, theirs: str) -> tuple[float, float]:
+        """ours ÷ theirs per round (each round's medians), lowest and highest: what the host's noise did."""
+        ratios = [np.median(a) / np.median(b) for a, b in zip(self.rounds[ours], self.rounds[theirs])]
+        return float(min(ratios)), float(max(ratios))
+
+    def row(self, model: str, measurement: str, ours: str, theirs: str) -> Row:
+        return Row(model, measurement, self.ms(ours), self.ms(theirs), self.spread(ours, theirs))
 
 
 def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int, mixed: str | None = None,
@@ -272,7 +296,7 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int, mi
         calls["train jax"], calls["infer jax"] = jax_peer(folder, batch)
     for call in calls.values():
         call()  # compiles onnxtrain's programs; PyTorch's first eager calls
-    median = median_times(calls, steps, rounds)
+    timed = Timings(calls, steps, rounds)
     del calls, train_ot, infer_ot, train_pt, infer_pt
     memory_steps = 3
     with tempfile.TemporaryDirectory() as cache:
@@ -284,44 +308,47 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int, mi
     mb = 2**20
     memory = "peak GPU memory" if DEVICE["name"] == "gpu" else "peak RSS"
     rows = [
-        (name, "train step (ms)", median["train onnxtrain"] * 1e3, median["train torch"] * 1e3),
-        (name, "infer (ms)", median["infer onnxtrain"] * 1e3, median["infer torch"] * 1e3),
-        (name, "infer, inference model (ms)", median["served onnxtrain"] * 1e3, median["infer torch"] * 1e3),
-        (name, "first train step, cold (s)", cold["first"], torch_child["first"]),
-        (name, "first train step, warm cache (s)", warm["first"], torch_child["first"]),
-        (name, f"{memory} (MB)", cold["peak"] / mb, torch_child["peak"] / mb),
+        timed.row(name, "train step (ms)", "train onnxtrain", "train torch"),
+        timed.row(name, "infer (ms)", "infer onnxtrain", "infer torch"),
+        timed.row(name, "infer, inference model (ms)", "served onnxtrain", "infer torch"),
+        Row(name, "first train step, cold (s)", cold["first"], torch_child["first"]),
+        Row(name, "first train step, warm cache (s)", warm["first"], torch_child["first"]),
+        Row(name, f"{memory} (MB)", cold["peak"] / mb, torch_child["peak"] / mb),
         # the cold peak includes XLA's compiler; from a warm cache a process loads the executable instead
-        (name, f"{memory}, warm cache (MB)", warm["peak"] / mb, torch_child["peak"] / mb),
+        Row(name, f"{memory}, warm cache (MB)", warm["peak"] / mb, torch_child["peak"] / mb),
     ]
     if jax_child:  # the JAX peer's column where it computes the same thing
-        rows = [row + (jax,) for row, jax in zip(rows, [
-            median["train jax"] * 1e3, median["infer jax"] * 1e3, median["infer jax"] * 1e3, jax_child["first"],
+        rows = [replace(row, jax=jax) for row, jax in zip(rows, [
+            timed.ms("train jax"), timed.ms("infer jax"), timed.ms("infer jax"), jax_child["first"],
             None, jax_child["peak"] / mb, None])]
     if mixed:
         ours = fresh(name, "onnxtrain", folder, batch, memory_steps, "", mixed)
         theirs = fresh(name, "torch", folder, batch, memory_steps, "", mixed)
         rows += [
-            (name, f"train step, {mixed} (ms)", median["mixed onnxtrain"] * 1e3, median["mixed torch"] * 1e3),
-            (name, f"{memory}, {mixed} (MB)", ours["peak"] / mb, theirs["peak"] / mb),
+            timed.row(name, f"train step, {mixed} (ms)", "mixed onnxtrain", "mixed torch"),
+            Row(name, f"{memory}, {mixed} (MB)", ours["peak"] / mb, theirs["peak"] / mb),
         ]
     if remat:
         ours = fresh(name, "onnxtrain", folder, batch, memory_steps, "", remat=True)
         rows += [
-            (name, "train step, remat (ms)", median["remat onnxtrain"] * 1e3, median["train torch"] * 1e3),
-            (name, f"{memory}, remat (MB)", ours["peak"] / mb, torch_child["peak"] / mb),
+            timed.row(name, "train step, remat (ms)", "remat onnxtrain", "train torch"),
+            Row(name, f"{memory}, remat (MB)", ours["peak"] / mb, torch_child["peak"] / mb),
         ]
     return rows
 
 
 def table(rows: list[Row]) -> str:
     """Markdown; the hand-written JAX column only where a row has one."""
-    jax = any(len(row) > 4 for row in rows)
-    lines = ["| model | measurement | onnxtrain | PyTorch | ÷ PyTorch |" + (" JAX | ÷ JAX |" if jax else ""),
-             "|---|---|---:|---:|---:|" + ("---:|---:|" if jax else "")]
-    for model, what, ours, theirs, *mine in rows:
-        line = f"| {model} | {what} | {ours:.4g} | {theirs:.4g} | {ours / theirs:.2f} |"
+    jax = any(row.jax is not None for row in rows)
+    lines = ["| model | measurement | onnxtrain | PyTorch | ÷ PyTorch | ÷ PyTorch per round |"
+             + (" JAX | ÷ JAX |" if jax else ""),
+             "|---|---|---:|---:|---:|---:|" + ("---:|---:|" if jax else "")]
+    for row in rows:
+        spread = f"{row.spread[0]:.2f}-{row.spread[1]:.2f}" if row.spread else "–"
+        line = (f"| {row.model} | {row.measurement} | {row.ours:.4g} | {row.theirs:.4g} | "
+                f"{row.ours / row.theirs:.2f} | {spread} |")
         if jax:
-            line += f" {mine[0]:.4g} | {ours / mine[0]:.2f} |" if mine and mine[0] is not None else " – | – |"
+            line += f" {row.jax:.4g} | {row.ours / row.jax:.2f} |" if row.jax is not None else " – | – |"
         lines.append(line)
     return "\n".join(lines)
 

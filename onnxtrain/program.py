@@ -97,8 +97,8 @@ LOOP_EMITTERS = {"xla_cpu_use_fusion_emitters": False}
 # XLA-CPU hands a convolution to YNNPACK by default (jaxlib 0.10: the library fusion kinds "individual dot",
 # "reduce" and "individual convolution"); its Eigen convolution, the kind left out here, is faster on most of a
 # CNN's shapes: forward and both gradients 0.64-0.95x the time over ResNet-18's (0.75x for 3x3 over 64 channels
-# at 56x56, 1.14x over 128 at 28x28), train step ResNet-18 0.87-0.94x, MobileNetV3-small 0.91x, same numbers
-# within float32 rounding (benchmarks/README.md). Set only where this XLA knows the option.
+# at 56x56, 1.14x over 128 at 28x28); ResNet-18's inference 0.89x, its train step 0.87-1.00x, MobileNetV3-small's
+# 0.91-1.00x; same numbers within float32 rounding (benchmarks/README.md). Set only where this XLA knows it.
 YNNPACK_WITHOUT_CONVOLUTION = {
     "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"}
 
