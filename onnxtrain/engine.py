@@ -135,6 +135,9 @@ class Engine:
 
         placed = {owner: {n: place(owner, n) for n in names} for owner, names in moving.items()}
         self._state = {n: placed[owner].pop(n) for n, owner in self.state_owner.items()}
+        # Whether the state holds exactly the model's stored values (load, reset, and nothing since): a reset
+        # then has nothing to read again (a file-loaded engine would read the whole file for it).
+        self._holds_stored = True
         self._state_file: StateFile | None = None
         if source_file is not None:  # the state is on the device now: its initial bytes can stay in the file
             self.model, checksums = without_state_bytes(model, self.state_owner, zero_state)
@@ -261,6 +264,7 @@ class Engine:
         with self.lock:
             (state, step), *constants = self._train_arguments(algorithm)
             first = signature is None or (algorithm, signature) not in self._ran
+            self._holds_stored = False  # donated to the step, then replaced by its result
             if first and self._rebuild is None:  # the copy is donated: the state survives whatever the step meets
                 with jax.enable_x64(True):
                     state, step = jax.tree.map(jnp.copy, (state, step))
@@ -309,13 +313,17 @@ class Engine:
     def reset(self) -> None:
         """Every state variable back to its initializer value (the spec's pre-initialized state)."""
         with self.lock:
-            self._put_stored_state(0)
+            if self._holds_stored:
+                self.step_count, self._step = 0, None
+            else:
+                self._put_stored_state(0)
             self._rebuild = self.reset
 
     def _put_stored_state(self, step_count: int) -> None:
         model = self.model if self._state_file is None else self._state_file.read()
         stored = stored_state(model, self.state_owner, self._zero_state)
         self._state = {name: self._put(name, value) for name, value in stored}
+        self._holds_stored = True
         self.step_count = step_count
         self._step = None
 
@@ -325,7 +333,9 @@ class Engine:
             self.reset()
             with jax.enable_x64(True):
                 key = jax.random.key(self.seed if seed is None else seed)
-            self._state, _ = self._init(self._state, key, feeds={})
+            if any(algorithm.initialization is not None for algorithm in self.algorithms):
+                self._state, _ = self._init(self._state, key, feeds={})
+                self._holds_stored = False
             self._rebuild = functools.partial(self.init, seed)
 
     def jax_function(self) -> tuple[Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]], dict]:
@@ -372,6 +382,7 @@ class Engine:
             raise StateError(f"checkpoint {str(path)!r} does not fit this model: " + "; ".join(problems))
         with self.lock, jax.enable_x64(True):
             self._state = {**self._state, **self._placement.put(values)}
+            self._holds_stored = False
             self.step_count = int(meta.get("step", 0))
             self._step = None
             self._rebuild = None

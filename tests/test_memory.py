@@ -169,3 +169,34 @@ def test_exporting_over_the_loaded_file_keeps_reset_working(tmp_path):
     np.testing.assert_array_equal(numpy_helper.to_array(onnx.load(path).graph.initializer[0]), trained)
     engine.reset()
     np.testing.assert_array_equal(np.asarray(engine.state["W0"]), numpy_helper.to_array(model.graph.initializer[0]))
+
+
+def test_init_right_after_load_does_not_read_the_file_again(tmp_path):
+    """`onnxtrain train` (and a notebook) calls init right after load: the state already holds the stored values,
+    so nothing is read again (for a model of several GB, seconds of I/O). Seen by the file being gone: init and
+    reset still give the initializer values, a first step the same values as from a fresh engine; once a step has
+    changed the state, reset needs the file and says so."""
+    model, _ = wide_mlp()
+    path = tmp_path / "m.onnx"
+    onnx.save(onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=0.1), path)
+    engine = onnxtrain.load(path)
+    path.unlink()
+    engine.init()
+    engine.reset()
+    for tensor in model.graph.initializer:
+        np.testing.assert_array_equal(np.asarray(engine.state[tensor.name]), numpy_helper.to_array(tensor))
+    assert engine.step_count == 0
+    x = np.random.default_rng(1).standard_normal((4, WIDTHS[0]), np.float32)
+    engine.train_step({"X": x, "target": np.zeros((4, WIDTHS[-1]), np.float32)})
+    weights = [numpy_helper.to_array(t) for t in model.graph.initializer]
+    out = x
+    for w in weights:
+        out = out @ w
+    # SGD on mean(out^2) (target 0): W0's gradient is x^T @ (2 out / n) @ (W1 ... W_last)^T
+    upstream = 2 * out / out.size
+    for w in reversed(weights[1:]):
+        upstream = upstream @ w.T
+    np.testing.assert_allclose(np.asarray(engine.state["W0"]), weights[0] - 0.1 * x.T @ upstream, rtol=1e-4,
+                               atol=1e-6)
+    with pytest.raises(ModelLoadError):
+        engine.reset()
