@@ -1,7 +1,8 @@
 """Real-size models: onnxtrain against PyTorch eager on BERT-base, GPT-2, T5-small, ResNet-18, MobileNetV3-small.
 
     python benchmarks/realsize.py [--models bert-base,gpt2,...] [--batch 2] [--steps 10] [--exporter dynamo]
-                                  [--mixed-precision bfloat16|float16] [--remat] [--jax] [--device cpu|gpu]
+                                  [--mixed-precision bfloat16|float16] [--remat] [--retain] [--jax]
+                                  [--device cpu|gpu]
                                   [--quick] [--write]
 
 Each model (benchmarks/realsize_models.py, random weights) is exported once by `torch.onnx.export` (`--exporter
@@ -14,7 +15,9 @@ the host's noise did to it); the first train step (cold, and with a warm
 persistent compilation cache) and the peak resident memory in a fresh process per peer. `--mixed-precision`
 adds a train step and a peak memory row per model in that type: onnxtrain's `load(mixed_precision=...)` against
 PyTorch's step under `torch.autocast(device, dtype)`. `--remat` adds onnxtrain's train step and peak memory with
-`load(remat=True)` (the backward pass recomputes the forward values) against PyTorch's plain step. `--jax` adds
+`load(remat=True)` (the backward pass recomputes the forward values) against PyTorch's plain step. `--retain` adds
+both peers' train step (timed in one process of their own) and peak memory with glibc's malloc keeping freed
+memory for reuse (onnxtrain.retain_freed_memory's settings, for the whole process: both peers have them). `--jax` adds
 a column for the same model written by hand in JAX + optax, where one exists (GPT-2: jax_gpt2.py). `--device gpu`
 runs onnxtrain on JAX's GPU and PyTorch on CUDA (float32 products in full float32 for both: PyTorch's TF32 is
 turned off), and measures peak GPU memory (the allocators' peak bytes in use) instead of resident memory.
@@ -47,6 +50,7 @@ EXPORTS = HERE / ".realsize"
 README = HERE / "README.md"
 LR = 1e-3
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}  # RSS follows what is live
+ROUNDS = 5  # alternating rounds of the timed calls
 DEVICE = {"name": "cpu"}  # --device, set by main before any peer is built: "cpu" or "gpu"
 
 
@@ -219,11 +223,23 @@ def device_peak(which: str) -> int:
     return torch.cuda.max_memory_allocated()
 
 
+def timing_child(name: str, folder: Path, batch: int, steps: int) -> None:
+    """Prints the train steps of both peers timed in alternating rounds in this process (started with
+    onnxtrain.host_memory's settings: they are the whole process's, so both peers run with them)."""
+    calls = {"ours": peer(name, "onnxtrain", folder, batch)[0], "theirs": peer(name, "torch", folder, batch)[0]}
+    for call in calls.values():
+        call()
+    timed = Timings(calls, steps, min(ROUNDS, steps))
+    print(json.dumps({"ours": timed.ms("ours"), "theirs": timed.ms("theirs"), "spread": timed.spread("ours", "theirs")}))
+
+
 def child(spec: str, folder: Path, batch: int, steps: int, mixed: str | None, remat: bool) -> None:
     """Prints {"first": s, "peak": bytes, "settled": bytes}: one peer's first train step (trace, compile and run
     for onnxtrain; the first eager step for PyTorch), its process's peak RSS (on a GPU: the peak of GPU memory in
     use) over building the model and `steps` train steps, and the RSS after them."""
     name, which = spec.split(":")
+    if which == "timing":
+        return timing_child(name, folder, batch, steps)
     train, _ = peer(name, which, folder, batch, mixed, remat)
     start = time.perf_counter()
     train()
@@ -237,12 +253,16 @@ def child(spec: str, folder: Path, batch: int, steps: int, mixed: str | None, re
 
 
 def fresh(name: str, which: str, folder: Path, batch: int, steps: int, cache: str,
-          mixed: str | None = None, remat: bool = False) -> dict[str, float]:
-    """`child` in a new process; `cache` is ONNXTRAIN_CACHE_DIR ("" disables the persistent cache)."""
+          mixed: str | None = None, remat: bool = False, retain: bool = False) -> dict[str, Any]:
+    """`child` in a new process; `cache` is ONNXTRAIN_CACHE_DIR ("" disables the persistent cache); `retain`:
+    the process started with onnxtrain.host_memory's settings (freed memory kept for reuse) instead of
+    MALLOC_ENV's."""
     command = [sys.executable, __file__, "--child", f"{name}:{which}", "--kit", str(folder), "--batch", str(batch),
                "--steps", str(steps), "--device", DEVICE["name"]] + (["--mixed-precision", mixed] if mixed else [])
     command += ["--remat"] if remat else []
-    env = {**os.environ, **MALLOC_ENV, "ONNXTRAIN_CACHE_DIR": cache}
+    from onnxtrain.host_memory import ENVIRONMENT
+
+    env = {**os.environ, **(ENVIRONMENT if retain else MALLOC_ENV), "ONNXTRAIN_CACHE_DIR": cache}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
         raise RuntimeError(f"fresh child {name}:{which} failed:\n{done.stderr[-3000:]}")
@@ -279,7 +299,7 @@ class Timings:
 
 
 def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int, mixed: str | None = None,
-               remat: bool = False, with_jax: bool = False) -> list[Row]:
+               remat: bool = False, with_jax: bool = False, retain: bool = False) -> list[Row]:
     """`with_jax`: also the hand-written JAX peer, where `name` has one (JAX_PEERS), in a column of its own."""
     folder = exported(name, exporter, batch)
     train_ot, infer_ot = onnxtrain_peer(folder, batch)
@@ -334,6 +354,15 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int, mi
             timed.row(name, "train step, remat (ms)", "remat onnxtrain", "train torch"),
             Row(name, f"{memory}, remat (MB)", ours["peak"] / mb, torch_child["peak"] / mb),
         ]
+    if retain:
+        timed_child = fresh(name, "timing", folder, batch, steps, "", retain=True)
+        ours = fresh(name, "onnxtrain", folder, batch, memory_steps, "", retain=True)
+        theirs = fresh(name, "torch", folder, batch, memory_steps, "", retain=True)
+        rows += [
+            Row(name, "train step, freed memory retained (ms)", timed_child["ours"], timed_child["theirs"],
+                tuple(timed_child["spread"])),
+            Row(name, f"{memory}, freed memory retained (MB)", ours["peak"] / mb, theirs["peak"] / mb),
+        ]
     return rows
 
 
@@ -377,6 +406,9 @@ def main(argv: list[str]) -> None:
     args.add_argument("--remat", action="store_true",
                       help="also onnxtrain's train step and peak memory with load(remat=True), against PyTorch's "
                       "plain step")
+    args.add_argument("--retain", action="store_true",
+                      help="also the train step and peak memory of both peers in processes started with "
+                      "onnxtrain.retain_freed_memory's settings (freed host memory kept for reuse)")
     args.add_argument("--jax", action="store_true",
                       help="also the hand-written JAX peer where a model has one (gpt2: benchmarks/jax_gpt2.py)")
     args.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
@@ -401,12 +433,12 @@ def main(argv: list[str]) -> None:
         args.error(f"unknown model(s) {sorted(unknown)}; choose from {','.join(CASES)}")
     load = os.getloadavg()
     steps = opts.steps or (2 if opts.quick else 10)
-    rounds = 1 if opts.quick else 5
+    rounds = 1 if opts.quick else ROUNDS
     rows = []
     for name in opts.models.split(","):
         print(f"# measuring {name} ...", flush=True)
         measured = model_rows(name, opts.exporter, opts.batch, steps, rounds, opts.mixed_precision, opts.remat,
-                              opts.jax)
+                              opts.jax, opts.retain)
         print(table(measured), flush=True)  # each model's rows as they come: a run cut short keeps them
         rows += measured
     machine = f"{cpu_name()}, {os.cpu_count()} cores"

@@ -3,12 +3,13 @@
 from . import errors
 from .authoring import make_trainable
 from .engine import Engine, export_params, jax_function, load
+from .host_memory import retain_freed_memory
 from .loop import History, array_batches, fit
 from .parameters import ParameterizationWarning
 from .pytorch import from_torch
 
 __all__ = [
     "Engine", "History", "array_batches", "errors", "export_params", "fit", "jax_function", "load", "make_trainable",
-    "ParameterizationWarning", "from_torch",
+    "ParameterizationWarning", "from_torch", "retain_freed_memory",
 ]
 __version__ = "0.1.0"

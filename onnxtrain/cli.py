@@ -15,6 +15,7 @@ from .dtypes import type_name
 from .engine import load
 from .errors import DivergenceError, OnnxTrainError, StepError
 from .export import save_atomic
+from .host_memory import retain_freed_memory
 from .lower.autocast import COMPUTE_DTYPES
 from .loop import array_batches, fit
 from .model import read_model
@@ -101,6 +102,8 @@ def cmd_infer(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     if args.shard_state and (args.devices or 1) < 2:
         raise OnnxTrainError("--shard-state splits the state over several devices: give --devices N with N > 1")
+    if args.retain_freed_memory and not retain_freed_memory():
+        print("--retain-freed-memory: this C library does not take the setting (glibc only); training without it")
     engine = load(args.model, seed=args.seed, devices=devices(args.devices), shard_state=args.shard_state,
                   mixed_precision=args.mixed_precision, loss_scale=args.loss_scale, remat=args.remat)
     if engine.batch_sharding is not None:
@@ -178,6 +181,9 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--mixed-precision", choices=sorted(COMPUTE_DTYPES), help=MIXED_PRECISION_HELP)
     train.add_argument("--remat", action="store_true", help="recompute the forward pass's values in the backward "
                        "pass instead of keeping them: less memory, about one more forward pass of compute")
+    train.add_argument("--retain-freed-memory", action="store_true",
+                       help="keep freed host memory for reuse (glibc): no page faults for each step's temporaries "
+                       "on the CPU (BERT-base: 0.2 s of kernel time a step), at a higher peak resident memory")
     train.add_argument("--loss-scale", type=float, help="with --mixed-precision float16: the static loss scale "
                        "(default 4096)")
     train.set_defaults(run=cmd_train)

@@ -13,7 +13,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxtrain
-from training_models import linear_regression
 
 torch = pytest.importorskip("torch")
 from test_train_mode import data, export, module  # noqa: E402 - needs torch
@@ -138,23 +137,3 @@ def test_a_loop_inside_a_recomputed_segment_trains_like_pytorch():
     for name, p in module.named_parameters():
         np.testing.assert_allclose(np.asarray(engine.state[name]), p.detach().numpy(), rtol=1e-4, atol=1e-6,
                                    err_msg=name)
-
-
-def test_cli_trains_with_remat(tmp_path):
-    from onnxtrain.cli import main
-
-    rng = np.random.default_rng(0)
-    w0, lr = rng.normal(size=(4, 2)).astype(np.float32), 0.1
-    onnx.save(linear_regression(w0, np.zeros(2, np.float32), lr), tmp_path / "m.onnx")
-    x = rng.normal(size=(32, 4)).astype(np.float32)
-    t = x @ rng.normal(size=(4, 2)).astype(np.float32)
-    np.savez(tmp_path / "d.npz", X=x, T=t)
-    assert main(["train", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "d.npz"), "--steps", "3", "--no-init",
-                 "--remat", "-o", str(tmp_path / "out.onnx")]) == 0
-    w, b = w0.astype(np.float64), np.zeros(2)
-    for _ in range(3):  # mean((XW + B - T)^2) over all 64 elements, plain SGD
-        d = x @ w + b - t
-        w, b = w - lr * 2 / d.size * x.T @ d, b - lr * 2 / d.size * d.sum(axis=0)
-    trained = {t.name: numpy_helper.to_array(t) for t in onnx.load(tmp_path / "out.onnx").graph.initializer}
-    np.testing.assert_allclose(trained["W"], w, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(trained["B"], b, rtol=1e-5, atol=1e-6)
