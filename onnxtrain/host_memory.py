@@ -7,7 +7,7 @@ new pages: on a 2-core VM 0.16-0.23 s of kernel time a step. With one malloc are
 a freed block stays in the process's heap and the next step reuses it (0.02-0.04 s).
 
 The setting is the whole process's (PyTorch and everything else in it allocate the same way) and the heap then
-keeps its high-water mark and fragments (peak resident memory 1.0-1.6x measured), so onnxtrain does not impose it
+keeps its high-water mark and fragments (peak resident memory 1.1-1.7x measured), so onnxtrain does not impose it
 on import: a training script with memory to spare calls `retain_freed_memory()` first thing, and `onnxtrain train
 --retain-freed-memory` does.
 """
