@@ -230,7 +230,8 @@ def timing_child(name: str, folder: Path, batch: int, steps: int) -> None:
     for call in calls.values():
         call()
     timed = Timings(calls, steps, min(ROUNDS, steps))
-    print(json.dumps({"ours": timed.ms("ours"), "theirs": timed.ms("theirs"), "spread": timed.spread("ours", "theirs")}))
+    print(json.dumps({"ours": timed.ms("ours"), "theirs": timed.ms("theirs"),
+                      "spread": timed.spread("ours", "theirs")}))
 
 
 def child(spec: str, folder: Path, batch: int, steps: int, mixed: str | None, remat: bool) -> None:

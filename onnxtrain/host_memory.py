@@ -18,20 +18,16 @@ import ctypes
 import ctypes.util
 import sys
 
-# mallopt's parameters (glibc's malloc.h)
-M_TRIM_THRESHOLD = -1
-M_MMAP_MAX = -4
-M_ARENA_MAX = -8
+# (mallopt's parameter, from glibc's malloc.h; the same setting's environment variable; its value)
 SETTINGS = (
-    (M_ARENA_MAX, 1),  # every thread allocates from the main heap: other arenas map any block over 64 MB anew
-    (M_MMAP_MAX, 0),  # no block gets a mapping of its own, whatever its size
-    (M_TRIM_THRESHOLD, 2**31 - 1),  # freed memory at the top of the heap stays, up to 2 GiB (mallopt takes an int)
+    (-8, "MALLOC_ARENA_MAX", 1),  # M_ARENA_MAX: every thread allocates from the main heap (the others map any
+    # block over 64 MB anew)
+    (-4, "MALLOC_MMAP_MAX_", 0),  # M_MMAP_MAX: no block gets a mapping of its own, whatever its size
+    (-1, "MALLOC_TRIM_THRESHOLD_", 2**31 - 1),  # M_TRIM_THRESHOLD: freed memory at the heap's top stays, up to 2 GiB
 )
-
-
-# The same settings as glibc's environment variables, for a process started with them (its threads then never
-# see another setting): `env MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647 python ...`
-ENVIRONMENT = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)}
+# For a process started with the settings (its threads then never see another):
+# `env MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647 python ...`
+ENVIRONMENT = {variable: str(value) for _, variable, value in SETTINGS}
 
 
 def retain_freed_memory() -> bool:
@@ -47,4 +43,4 @@ def retain_freed_memory() -> bool:
         libc.gnu_get_libc_version  # glibc's own symbol: musl's mallopt does nothing
     except (OSError, AttributeError):
         return False
-    return all(libc.mallopt(parameter, value) == 1 for parameter, value in SETTINGS)
+    return all(libc.mallopt(parameter, value) == 1 for parameter, _, value in SETTINGS)
