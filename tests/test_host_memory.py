@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,7 @@ if sys.argv[1] == "retain":
     import onnxtrain
     assert onnxtrain.retain_freed_memory()
 import jax, jax.numpy as jnp, numpy as np
-step = jax.jit(lambda x: (jnp.tanh(x @ x.T) @ x).sum())  # a 4096 x 4096 temporary: 64 MB
+step = jax.jit(lambda x: (lambda y: y.sum(0) + y.max(0))(x @ x.T))  # y, 4096 x 4096, is a 64 MB temporary
 x = jnp.asarray(np.random.default_rng(0).standard_normal((4096, 512), np.float32))
 step(x).block_until_ready(); step(x).block_until_ready()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -34,7 +35,10 @@ def faults_per_call(mode: str) -> float:
 
 
 def test_a_programs_temporaries_are_not_faulted_in_at_every_call():
+    huge_pages = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if huge_pages.exists() and "[always]" in huge_pages.read_text():
+        pytest.skip("transparent huge pages for every mapping: a fresh block costs a few faults, not one a page")
     plain, retained = faults_per_call("plain"), faults_per_call("retain")
-    assert plain > 2000, f"expected fresh pages for the temporaries at every call, saw {plain} faults"
+    assert plain > 16384, f"expected the 64 MB temporary's 16,384 pages faulted in at every call, saw {plain}"
     assert retained < plain / 20, (plain, retained)
 
