@@ -18,12 +18,14 @@ import ctypes
 import ctypes.util
 import sys
 
-# (mallopt's parameter, from glibc's malloc.h; the same setting's environment variable; its value)
+# (mallopt's parameter, from glibc's malloc.h; the same setting's environment variable; its value):
+# M_ARENA_MAX 1: every thread allocates from the main heap (the other arenas map any block over 64 MB anew);
+# M_MMAP_MAX 0: no block gets a mapping of its own, whatever its size;
+# M_TRIM_THRESHOLD: freed memory at the heap's top stays, up to 2 GiB (mallopt takes an int).
 SETTINGS = (
-    (-8, "MALLOC_ARENA_MAX", 1),  # M_ARENA_MAX: every thread allocates from the main heap (the others map any
-    # block over 64 MB anew)
-    (-4, "MALLOC_MMAP_MAX_", 0),  # M_MMAP_MAX: no block gets a mapping of its own, whatever its size
-    (-1, "MALLOC_TRIM_THRESHOLD_", 2**31 - 1),  # M_TRIM_THRESHOLD: freed memory at the heap's top stays, up to 2 GiB
+    (-8, "MALLOC_ARENA_MAX", 1),
+    (-4, "MALLOC_MMAP_MAX_", 0),
+    (-1, "MALLOC_TRIM_THRESHOLD_", 2**31 - 1),
 )
 # For a process started with the settings (its threads then never see another):
 # `env MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647 python ...`

@@ -41,4 +41,3 @@ def test_a_programs_temporaries_are_not_faulted_in_at_every_call():
     plain, retained = faults_per_call("plain"), faults_per_call("retain")
     assert plain > 16384, f"expected the 64 MB temporary's 16,384 pages faulted in at every call, saw {plain}"
     assert retained < plain / 20, (plain, retained)
-
