@@ -123,6 +123,46 @@ def test_float64_products_and_one_operand_einsums_are_left_alone():
     np.testing.assert_allclose(np.asarray(y), x32.astype(np.float64).sum(1), rtol=1e-5)
 
 
+def test_traced_for_a_gpu_a_convolution_and_its_gradients_compute_in_the_compute_type():
+    """cuDNN convolves bfloat16 operands into bfloat16 only (asked for float32, XLA-GPU ran float32 kernels:
+    lower/ops/conv.py), so traced for a GPU every convolution of the differentiated program (forward, the
+    input's and the kernel's gradients) reads and returns bfloat16, as torch.autocast's do; the value is
+    PyTorch's float64 convolution of the rounded operands plus the float32 bias."""
+    import jax
+
+    from onnxtrain.lower.autocast import autocasting, mixed_precision_of
+    from onnxtrain.lower.layout import channels_first
+    from onnxtrain.lower.ops.conv import convolve
+    from onnxtrain.lower.target import targeting
+
+    model, x = list(cases(np.random.default_rng(3)))[3]
+    w, b = (numpy_helper.to_array(t) for t in model.graph.initializer)
+
+    def conv(x, w):
+        with targeting("gpu"), autocasting(mixed_precision_of("bfloat16")):
+            return channels_first(convolve(x, w, (1, 1), ((1, 1), (1, 1)), (1, 1), 1, bias=b))
+
+    y = np.asarray(jax.jit(conv)(x, w))
+    assert y.dtype == np.float32
+    product = torch.nn.functional.conv2d(*(torch.from_numpy(rounded(v)).double() for v in (x, w)), padding=1)
+    # compiled for the CPU, XLA computes the bfloat16 convolution in float32 and may drop the rounding after it
+    # (its float-conversion simplifier): the result is the product of the rounded operands within the rounding
+    np.testing.assert_allclose(y - b[:, None, None], product.numpy(), rtol=2**-8, atol=1e-5)
+
+    def convolutions(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "conv_general_dilated":
+                yield eqn
+            for param in eqn.params.values():  # a jitted function's body
+                if hasattr(param, "jaxpr"):
+                    yield from convolutions(param.jaxpr)
+
+    gradient = jax.make_jaxpr(jax.grad(lambda x, w: (conv(x, w) ** 2).sum(), argnums=(0, 1)))(x, w)
+    found = list(convolutions(gradient.jaxpr))
+    assert len(found) == 3  # forward, the input's gradient, the kernel's
+    assert all(v.aval.dtype == ml_dtypes.bfloat16 for eqn in found for v in (*eqn.invars, *eqn.outvars))
+
+
 @pytest.fixture(scope="module")
 def gpt2():
     """zoo's two-layer GPT-2 (hidden 32), made trainable with Adam on next-token cross-entropy, and one batch."""

@@ -83,6 +83,12 @@ def convolve(
     w = kernel_last(w)
     if accumulate is None:  # a shallow one (above) is elementwise arithmetic: float32, as the other such ops
         (x, w), accumulate = low_precision(x, w)
+        if accumulate is not None and target_platform() == "gpu":
+            # cuDNN convolves half-precision operands into their own type (accumulating in float32 inside): asked
+            # for a float32 result, XLA-GPU converted both operands back to float32 and ran float32 kernels, so
+            # ResNet-18's bfloat16 step was no faster than its float32 one (H100). The result rounded to the
+            # compute type, as torch.autocast's convolution returns it; float32 from there, as ONNX declares it.
+            return ChannelsLast(biased(xla_convolution(x, w, geometry, input_dilation).astype(accumulate)))
     return ChannelsLast(biased(xla_convolution(x, w, geometry, input_dilation, accumulate)))
 
 
