@@ -18,6 +18,7 @@ import numpy as np
 
 from .dtypes import host_only
 from .errors import StaticValueRequired
+from .host_memory import trim_after_compiles
 from .lower.constants import hoisting
 from .lower.target import targeting
 from .ir import Node
@@ -142,6 +143,7 @@ class Program:
         self.cache: dict[tuple, Callable] = {}
         self.host_outputs: dict[tuple, dict[str, np.ndarray]] = {}
         self.trace_count = 0
+        trim_after_compiles()  # the compiler's freed heap goes back to the system (host_memory.py)
 
     def _compiled(self, static: Mapping[str, Any]) -> tuple[Callable, tuple]:
         key = static_key(static)
