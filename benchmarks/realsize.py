@@ -1,7 +1,7 @@
 """Real-size models: onnxtrain against PyTorch eager on BERT-base, GPT-2, T5-small, ResNet-18, MobileNetV3-small.
 
     python benchmarks/realsize.py [--models bert-base,gpt2,...] [--batch 2] [--steps 10] [--exporter dynamo]
-                                  [--mixed-precision bfloat16|float16] [--remat] [--retain] [--jax]
+                                  [--mixed-precision bfloat16|float16] [--remat | --remat-attention] [--retain] [--jax]
                                   [--device cpu|gpu]
                                   [--quick] [--write]
 
@@ -15,7 +15,9 @@ the host's noise did to it); the first train step (cold, and with a warm
 persistent compilation cache) and the peak resident memory in a fresh process per peer. `--mixed-precision`
 adds a train step and a peak memory row per model in that type: onnxtrain's `load(mixed_precision=...)` against
 PyTorch's step under `torch.autocast(device, dtype)`. `--remat` adds onnxtrain's train step and peak memory with
-`load(remat=True)` (the backward pass recomputes the forward values) against PyTorch's plain step. `--retain` adds
+`load(remat=True)` (the backward pass recomputes the forward values) against PyTorch's plain step;
+`--remat-attention` the same with `load(remat="attention")` (only the attentions' scores and probabilities
+recomputed). `--retain` adds
 both peers' train step (timed in one process of their own) and peak memory with glibc's malloc keeping freed
 memory for reuse (onnxtrain.retain_freed_memory's settings, for the whole process: both peers have them). `--jax` adds
 a column for the same model written by hand in JAX + optax, where one exists (GPT-2: jax_gpt2.py). `--device gpu`
@@ -51,6 +53,8 @@ README = HERE / "README.md"
 LR = 1e-3
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}  # RSS follows what is live
 ROUNDS = 5  # alternating rounds of the timed calls
+REMAT_FLAGS = {True: "--remat", "attention": "--remat-attention"}  # load's remat modes, as this script's flags
+REMAT_ROWS = {True: "remat", "attention": "attention recomputed"}
 DEVICE = {"name": "cpu"}  # --device, set by main before any peer is built: "cpu" or "gpu"
 
 
@@ -92,7 +96,7 @@ def feeds(name: str, batch: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
 
 
 def onnxtrain_peer(folder: Path, batch: int, mixed: str | None = None,
-                   remat: bool = False) -> tuple[Callable[[], Any], Callable[[], Any]]:
+                   remat: bool | str = False) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """(train step, infer) of onnxtrain on the export in `folder` (see `exported`), its products in `mixed`
     precision if given, recomputing in the backward pass with `remat`; trains exactly the module's named
     parameters where the export kept their names (the dynamo exporter does), else make_trainable's default set.
@@ -196,7 +200,7 @@ class Row:
 
 
 def peer(name: str, which: str, folder: Path, batch: int, mixed: str | None = None,
-         remat: bool = False) -> tuple[Callable[[], Any], Callable[[], Any]]:
+         remat: bool | str = False) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """`which`: "onnxtrain", "torch" or "jax". `remat` is onnxtrain's: PyTorch's step stays the plain one it is
     compared with."""
     if which == "jax":
@@ -234,7 +238,7 @@ def timing_child(name: str, folder: Path, batch: int, steps: int) -> None:
                       "spread": timed.spread("ours", "theirs")}))
 
 
-def child(spec: str, folder: Path, batch: int, steps: int, mixed: str | None, remat: bool) -> None:
+def child(spec: str, folder: Path, batch: int, steps: int, mixed: str | None, remat: bool | str) -> None:
     """Prints {"first": s, "peak": bytes, "settled": bytes}: one peer's first train step (trace, compile and run
     for onnxtrain; the first eager step for PyTorch), its process's peak RSS (on a GPU: the peak of GPU memory in
     use) over building the model and `steps` train steps, and the RSS after them."""
@@ -254,13 +258,13 @@ def child(spec: str, folder: Path, batch: int, steps: int, mixed: str | None, re
 
 
 def fresh(name: str, which: str, folder: Path, batch: int, steps: int, cache: str,
-          mixed: str | None = None, remat: bool = False, retain: bool = False) -> dict[str, Any]:
+          mixed: str | None = None, remat: bool | str = False, retain: bool = False) -> dict[str, Any]:
     """`child` in a new process; `cache` is ONNXTRAIN_CACHE_DIR ("" disables the persistent cache); `retain`:
     the process started with onnxtrain.host_memory's settings (freed memory kept for reuse) instead of
     MALLOC_ENV's."""
     command = [sys.executable, __file__, "--child", f"{name}:{which}", "--kit", str(folder), "--batch", str(batch),
                "--steps", str(steps), "--device", DEVICE["name"]] + (["--mixed-precision", mixed] if mixed else [])
-    command += ["--remat"] if remat else []
+    command += [REMAT_FLAGS[remat]] if remat else []
     from onnxtrain.host_memory import ENVIRONMENT
 
     env = {**os.environ, **(ENVIRONMENT if retain else MALLOC_ENV), "ONNXTRAIN_CACHE_DIR": cache}
@@ -300,7 +304,7 @@ class Timings:
 
 
 def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int, mixed: str | None = None,
-               remat: bool = False, with_jax: bool = False, retain: bool = False) -> list[Row]:
+               remat: bool | str = False, with_jax: bool = False, retain: bool = False) -> list[Row]:
     """`with_jax`: also the hand-written JAX peer, where `name` has one (JAX_PEERS), in a column of its own."""
     folder = exported(name, exporter, batch)
     train_ot, infer_ot = onnxtrain_peer(folder, batch)
@@ -311,7 +315,7 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int, mi
         calls["mixed onnxtrain"] = onnxtrain_peer(folder, batch, mixed)[0]
         calls["mixed torch"] = torch_peer(name, batch, mixed)[0]
     if remat:
-        calls["remat onnxtrain"] = onnxtrain_peer(folder, batch, remat=True)[0]
+        calls["remat onnxtrain"] = onnxtrain_peer(folder, batch, remat=remat)[0]
     with_jax = with_jax and name in JAX_PEERS
     if with_jax:
         calls["train jax"], calls["infer jax"] = jax_peer(folder, batch)
@@ -350,10 +354,10 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int, mi
             Row(name, f"{memory}, {mixed} (MB)", ours["peak"] / mb, theirs["peak"] / mb),
         ]
     if remat:
-        ours = fresh(name, "onnxtrain", folder, batch, memory_steps, "", remat=True)
+        ours = fresh(name, "onnxtrain", folder, batch, memory_steps, "", remat=remat)
         rows += [
-            timed.row(name, "train step, remat (ms)", "remat onnxtrain", "train torch"),
-            Row(name, f"{memory}, remat (MB)", ours["peak"] / mb, torch_child["peak"] / mb),
+            timed.row(name, f"train step, {REMAT_ROWS[remat]} (ms)", "remat onnxtrain", "train torch"),
+            Row(name, f"{memory}, {REMAT_ROWS[remat]} (MB)", ours["peak"] / mb, torch_child["peak"] / mb),
         ]
     if retain:
         timed_child = fresh(name, "timing", folder, batch, steps, "", retain=True)
@@ -404,9 +408,12 @@ def main(argv: list[str]) -> None:
     args.add_argument("--exporter", choices=("dynamo", "torchscript"), default="dynamo")
     args.add_argument("--mixed-precision", choices=("bfloat16", "float16"),
                       help="also a train step and a peak memory row per model in this type (torch: autocast)")
-    args.add_argument("--remat", action="store_true",
-                      help="also onnxtrain's train step and peak memory with load(remat=True), against PyTorch's "
-                      "plain step")
+    recompute = args.add_mutually_exclusive_group()
+    recompute.add_argument("--remat", action="store_true",
+                           help="also onnxtrain's train step and peak memory with load(remat=True), against "
+                           "PyTorch's plain step")
+    recompute.add_argument("--remat-attention", dest="remat", action="store_const", const="attention",
+                           help="the same with load(remat='attention')")
     args.add_argument("--retain", action="store_true",
                       help="also the train step and peak memory of both peers in processes started with "
                       "onnxtrain.retain_freed_memory's settings (freed host memory kept for reuse)")

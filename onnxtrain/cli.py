@@ -179,8 +179,11 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--shard-state", action="store_true",
                        help="with --devices: split the weights and optimizer state over the devices")
     train.add_argument("--mixed-precision", choices=sorted(COMPUTE_DTYPES), help=MIXED_PRECISION_HELP)
-    train.add_argument("--remat", action="store_true", help="recompute the forward pass's values in the backward "
-                       "pass instead of keeping them: less memory, about one more forward pass of compute")
+    recompute = train.add_mutually_exclusive_group()
+    recompute.add_argument("--remat", action="store_true", help="recompute the forward pass's values in the "
+                           "backward pass instead of keeping them: less memory, about one more forward pass of compute")
+    recompute.add_argument("--remat-attention", dest="remat", action="store_const", const="attention",
+                           help="recompute only the attentions' scores and probabilities in the backward pass")
     train.add_argument("--retain-freed-memory", action="store_true",
                        help="keep freed host memory for reuse (glibc): no page faults for each step's temporaries "
                        "on the CPU (BERT-base: 0.2 s of kernel time a step), at a higher peak resident memory")

@@ -25,7 +25,7 @@ import onnx
 
 from .cache import enable_compilation_cache
 from .dtypes import HOST_ONLY_DTYPES, is_float
-from .errors import StateError, StepError
+from .errors import OptionError, StateError, StepError
 from .export import (save_atomic, saved_step_count, stored_state, with_initializers, with_state, without_state_bytes,
                      without_zero_state)
 from .feeds import FeedChecker, array_signature
@@ -34,6 +34,7 @@ from .lower.folding import load_time_constants
 from .ir import Graph, ValueInfo
 from .lower.build import build_graph, model_resolver, raise_if_missing
 from .lower.layout import KernelLast, kernel_only_weights
+from .lower.ops.training import REMAT_MODES
 from .model import ModelSource, StateFile, check_model, read_model
 from .placement import Placement, host_array
 from .program import Program, tracing
@@ -74,7 +75,7 @@ class Engine:
     def __init__(
         self, model: onnx.ModelProto, seed: int = 0, check: bool = True, devices: Sequence[jax.Device] | None = None,
         matmul_precision: str = "highest", shard_state: bool = False, mixed_precision: str | None = None,
-        loss_scale: float | None = None, remat: bool = False, zero_state: frozenset[str] = frozenset(),
+        loss_scale: float | None = None, remat: bool | str = False, zero_state: frozenset[str] = frozenset(),
         source_file: Path | None = None,
     ):
         """`zero_state`: state variables `model` holds without their bytes, which are all zero
@@ -82,6 +83,8 @@ class Engine:
         was read from, no one else holding `model`: once the state is on the device, the engine keeps its initial
         values in that file instead of in memory (model.StateFile)."""
         self.mixed_precision = mixed_precision_of(mixed_precision, loss_scale)  # lower/autocast.py
+        if remat not in REMAT_MODES:
+            raise OptionError(f"remat={remat!r} is not one of False, True or 'attention'")
         if check:
             check_model(model)
         self.model = model
@@ -402,7 +405,7 @@ class Engine:
 def load(
     source: ModelSource, seed: int = 0, check: bool = True, devices: Sequence[jax.Device] | None = None,
     matmul_precision: str = "highest", shard_state: bool = False, mixed_precision: str | None = None,
-    loss_scale: float | None = None, remat: bool = False,
+    loss_scale: float | None = None, remat: bool | str = False,
 ) -> Engine:
     """Read an ONNX model (path, bytes or ModelProto), validate it and bind every node to its lowering.
 
@@ -418,7 +421,10 @@ def load(
     pass is seeded with so float16 gradients do not underflow (onnxtrain/lower/autocast.py).
     `remat`: a train step keeps only about sqrt(n) of its forward pass's values for the backward pass and
     recomputes the rest there, segment by segment (activation checkpointing, onnxtrain/lower/ops/training.py):
-    less memory for long sequences and deep models, for about one more forward pass of compute."""
+    less memory for long sequences and deep models, for about one more forward pass of compute. `remat=
+    "attention"` recomputes only each attention's scores and probabilities (batch x heads x length^2 values
+    each), from the queries, keys, values and mask that the backward pass keeps anyway, as PyTorch's fused
+    attention keeps none: for a few percent more compute."""
     enable_compilation_cache()
     model, _folder = read_model(source)
     zero_state: frozenset[str] = frozenset()

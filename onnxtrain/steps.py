@@ -44,7 +44,7 @@ class StepModel:
     # (placement.py: a state split over devices stays split, and its donated buffers are reused).
     keep_layout: Callable[[Mapping[str, Any]], dict[str, Any]] = field(default=dict)
     mixed_precision: MixedPrecision | None = None  # products in a low type (lower/autocast.py); None: as declared
-    remat: bool = False  # Gradient recomputes its forward pass in segments (lower/ops/training.py)
+    remat: bool | str = False  # what Gradient recomputes of its forward pass (lower/ops/training.py)
 
 
 class StepResult(NamedTuple):

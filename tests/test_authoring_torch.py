@@ -46,11 +46,11 @@ class Block(torch.nn.Module):
 class TinyGPT2(torch.nn.Module):
     """transformers' GPT-2 (one layer, tied embedding and LM head) returning the logits [batch, seq, vocab]."""
 
-    def __init__(self):
+    def __init__(self, layers: int = 1, heads: int = 2, positions: int = 16):
         super().__init__()
         transformers = pytest.importorskip("transformers")
-        config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16,
-                                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        config = transformers.GPT2Config(n_layer=layers, n_embd=32, n_head=heads, vocab_size=64,
+                                         n_positions=positions, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         self.lm = transformers.GPT2LMHeadModel(config).eval()
 
     def forward(self, ids):
@@ -174,6 +174,34 @@ def test_gpt2_exported_exactly_trains_like_pytorch(remat):
     assert len(tied) == 1
     assert_trains_like_pytorch(module, model, ids, labels, lm_loss, remat=remat, loss="cross_entropy",
                                class_axis=-1, ignore_index=-100)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_gpt2_recomputing_its_attention_trains_like_pytorch_and_keeps_no_probabilities(exporter):
+    """load(remat="attention") finds each layer's attention in the exporter's graph (the scores' MatMul, scale and
+    mask, Softmax, the NaN guard of scaled_dot_product_attention's export, the MatMul with the values) and
+    recomputes it in the backward pass: PyTorch's numbers, and a compiled step that plans fewer temporary bytes
+    than without, by more than the probabilities of every layer (batch x heads x length^2 floats each)."""
+    layers, heads, length = 2, 4, 128
+    module = perturbed(TinyGPT2(layers, heads, length))
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 64, size=(2, length)).astype(np.int64)
+    labels = np.concatenate([ids[:, 1:], np.full((2, 1), -100)], axis=1)
+    model = export(module, torch.from_numpy(ids), exporter)
+    options = dict(loss="cross_entropy", class_axis=-1, ignore_index=-100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", onnxtrain.ParameterizationWarning)  # the untied LM head: trained apart
+        trainable = onnxtrain.make_trainable(model, optimizer="sgd", learning_rate=LR, **options)
+
+    def temporaries(remat) -> int:
+        feeds = {"X": ids, "target": labels}
+        return onnxtrain.load(trainable, remat=remat).lower(feeds, 0).compile().memory_analysis().temp_size_in_bytes
+
+    probabilities = 2 * heads * length * length * 4
+    assert temporaries(False) - temporaries("attention") > layers * probabilities
+    if exporter == "dynamo":  # the untied LM head of a default export trains apart from the embedding
+        model = export(module, torch.from_numpy(ids), "dynamo-exact")
+        assert_trains_like_pytorch(module, model, ids, labels, lm_loss, remat="attention", **options)
 
 
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])

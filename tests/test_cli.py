@@ -118,7 +118,7 @@ def test_export_applies_a_state_checkpoint(tmp_path):
     assert_user_error(cli("export", MODEL, "--state", tmp_path / "junk.npz", "-o", tmp_path / "o.onnx"), "junk.npz")
 
 
-@pytest.mark.parametrize("flag", ["--remat", "--retain-freed-memory"])
+@pytest.mark.parametrize("flag", ["--remat", "--remat-attention", "--retain-freed-memory"])
 def test_train_flags_keep_sgds_numbers(tmp_path, flag: str):
     """Recomputation and retained host memory change how a step runs, never what it computes: three SGD steps of
     a linear regression against NumPy's."""

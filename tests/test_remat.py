@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxtrain
+from onnxtrain.errors import OptionError
 
 torch = pytest.importorskip("torch")
 from test_train_mode import data, export, module  # noqa: E402 - needs torch
@@ -137,3 +138,8 @@ def test_a_loop_inside_a_recomputed_segment_trains_like_pytorch():
     for name, p in module.named_parameters():
         np.testing.assert_allclose(np.asarray(engine.state[name]), p.detach().numpy(), rtol=1e-4, atol=1e-6,
                                    err_msg=name)
+
+
+def test_an_unknown_remat_mode_raises_at_load():
+    with pytest.raises(OptionError, match="remat='attn' is not one of False, True or 'attention'"):
+        onnxtrain.load(residual_mlp()[0], remat="attn")

@@ -74,7 +74,7 @@ class TraceContext:
     iterations: tuple = ()  # the (traced) iteration of each enclosing loop, outermost first
     draws: Draws = field(default_factory=Draws)
     mixed_precision: MixedPrecision | None = None  # load's option: the products' compute type (lower/autocast.py)
-    remat: bool = False  # load's option: Gradient recomputes its forward slice in segments (ops/training.py)
+    remat: bool | str = False  # load's option: what Gradient recomputes of its forward slice (ops/training.py)
 
 
 @dataclass

@@ -75,7 +75,15 @@ def gradient(*inputs, xs: Sequence[str], y: str, zs: Sequence[str] = (), ctx: No
 
     def y_of(x_values: list):
         scope = Scope({**dict(zip(xs, x_values)), **z_values}, ctx.scope)
-        if ctx.trace.remat:
+        if ctx.trace.remat == "attention":
+            regions = {region[-1]: region for region in attention_regions(ctx.siblings, positions, y)}
+            inside = {i for region in regions.values() for i in region[:-1]}
+            for i in positions:
+                if i in regions:  # the whole region where its last node stands: its inputs all exist by then
+                    run_segment(ctx, regions[i], scope)
+                elif i not in inside:
+                    run_node(ctx.siblings[i], scope, ctx.trace, ctx.siblings, i)
+        elif ctx.trace.remat:
             for segment in segments(ctx.siblings, positions):
                 run_segment(ctx, segment, scope)
         else:
@@ -126,6 +134,73 @@ def segments(nodes: Sequence, positions: list[int]) -> list[list[int]]:
         start = cut
     bounds = [0, *cuts, n]
     return [positions[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+# load's remat option: False keeps every forward value the backward pass reads; True recomputes the forward
+# pass in segments (`segments`); "attention" recomputes each attention's scores and probabilities alone.
+REMAT_MODES = (False, True, "attention")
+
+# What may stand between an attention's scores product and its softmax (scaling, masks, casts), and between the
+# softmax and the product with the values (PyTorch's exported scaled_dot_product_attention zeroes the NaN rows of
+# a fully masked query: IsNaN and Where).
+BETWEEN_PRODUCTS = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Cast", "Neg", "IsNaN", "IsInf", "Not", "Equal"})
+
+
+def attention_regions(nodes: Sequence, positions: list[int], y: str) -> list[list[int]]:
+    """The attentions among `positions` (load(remat="attention")): a MatMul of the scores, elementwise steps, a
+    Softmax, elementwise steps, and the MatMul of the probabilities with the values, each value made in between
+    read inside the region alone. Each region, as sorted positions, is recomputed in the backward pass from its
+    inputs (queries, keys, values, mask), so neither the scores nor the probabilities (batch x heads x length^2
+    each) are kept for it, as PyTorch's fused scaled_dot_product_attention keeps neither."""
+    readers: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
+        for name in {*node.inputs, *free_names(node)}:
+            if name:
+                readers.setdefault(name, []).append(i)
+    maker = {o: i for i in positions for o in nodes[i].outputs if o}
+    in_slice = set(positions)
+
+    def plain(i: int, ops: frozenset[str]) -> bool:
+        return i in in_slice and nodes[i].op_type in ops and not nodes[i].domain
+
+    def scores_product(i: int) -> list[int] | None:
+        """Back from the Softmax at i through one value per step to the MatMul computing the scores."""
+        chain = []
+        while True:
+            flowing = [maker[n] for n in nodes[i].inputs if n in maker and n != y and readers[n] == [i]
+                       and plain(maker[n], BETWEEN_PRODUCTS | {"MatMul"})]
+            if len(flowing) != 1:
+                return None
+            i = flowing[0]
+            chain.append(i)
+            if nodes[i].op_type == "MatMul":
+                return chain
+
+    def values_product(i: int) -> list[int] | None:
+        """Every reader of the probabilities and of what is made of them, ending in one MatMul that reads them
+        as its first operand."""
+        found, final, pending = [], None, [nodes[i].outputs[0]]
+        while pending:
+            name = pending.pop()
+            if name == y:
+                return None
+            for j in readers.get(name, []):
+                if plain(j, frozenset({"MatMul"})) and nodes[j].inputs[0] == name and final in (None, j):
+                    final = j
+                elif plain(j, BETWEEN_PRODUCTS) and j not in found:
+                    found.append(j)
+                    pending.extend(nodes[j].outputs)
+                elif j not in found:
+                    return None
+        return None if final is None else [*found, final]
+
+    regions = []
+    for i in positions:
+        if nodes[i].op_type == "Softmax" and not nodes[i].domain:
+            before, after = scores_product(i), values_product(i)
+            if before and after:
+                regions.append(sorted([*before, i, *after]))
+    return regions
 
 
 def run_segment(ctx: NodeContext, segment: list[int], scope: Scope) -> None:
