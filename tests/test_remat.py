@@ -143,3 +143,39 @@ def test_a_loop_inside_a_recomputed_segment_trains_like_pytorch():
 def test_an_unknown_remat_mode_raises_at_load():
     with pytest.raises(OptionError, match="remat='attn' is not one of False, True or 'attention'"):
         onnxtrain.load(residual_mlp()[0], remat="attn")
+
+
+def test_an_attention_whose_probabilities_are_also_a_graph_output_trains_like_pytorch():
+    """remat="attention" recomputes an attention only where nothing outside it reads its probabilities: here a
+    Cast outside the differentiated slice makes them a graph output, so this one is kept as it is, and the
+    steps are PyTorch's SGD ones."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((8, 8)).astype(np.float32) / 3
+    nodes = [helper.make_node("MatMul", ["X", "W"], ["q"]),
+             helper.make_node("Transpose", ["q"], ["kt"]),
+             helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+             helper.make_node("Softmax", ["scores"], ["p"]),
+             helper.make_node("MatMul", ["p", "q"], ["o"]),
+             helper.make_node("Relu", ["o"], ["Y"]),
+             helper.make_node("Cast", ["p"], ["P"], to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4, 8]),
+                               helper.make_tensor_value_info("P", TensorProto.FLOAT, [4, 4])],
+                              [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    trainable = onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=LR)
+    x, target = rng.standard_normal((4, 8)).astype(np.float32), rng.standard_normal((4, 8)).astype(np.float32)
+    engine = onnxtrain.load(trainable, remat="attention")
+    losses = [float(engine.train_step({"X": x, "target": target})["loss"]) for _ in range(3)]
+    weight = torch.tensor(w, requires_grad=True)
+    optimizer = torch.optim.SGD([weight], lr=LR)
+    expected = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        q = torch.from_numpy(x) @ weight
+        loss = torch.nn.functional.mse_loss(torch.relu(torch.softmax(q @ q.T, -1) @ q), torch.from_numpy(target))
+        loss.backward()
+        optimizer.step()
+        expected.append(loss.item())
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(engine.state["W"]), weight.detach().numpy(), rtol=1e-5, atol=1e-6)
