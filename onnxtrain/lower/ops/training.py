@@ -194,12 +194,13 @@ def attention_regions(nodes: Sequence, positions: list[int], y: str) -> list[lis
                     return None
         return None if final is None else [*found, final]
 
-    regions = []
+    regions, taken = [], set()
     for i in positions:
         if nodes[i].op_type == "Softmax" and not nodes[i].domain:
             before, after = scores_product(i), values_product(i)
-            if before and after:
+            if before and after and taken.isdisjoint([*before, *after]):  # a node runs in one region at most
                 regions.append(sorted([*before, i, *after]))
+                taken.update(regions[-1])
     return regions
 
 
