@@ -78,10 +78,13 @@ def convolve(
     stored_last = isinstance(w, KernelLast)
     dense = groups == 1 and not input_dilation and accumulate is None
     if dense and cpu and prefers_patches(x.shape, last, geometry, constant=stored_last):
-        (x, kernel), accumulate = low_precision(x, w.data if stored_last else w)
-        return ChannelsLast(biased(patches_convolution(x, kernel, last, stored_last, geometry, accumulate)))
+        return ChannelsLast(biased(patches_convolution(x, w.data if stored_last else w, last, stored_last, geometry)))
     w = kernel_last(w)
-    if accumulate is None:  # a shallow one (above) is elementwise arithmetic: float32, as the other such ops
+    # Under mixed precision a convolution computes in the compute type, except on the CPU: there XLA's bfloat16
+    # convolutions, and products of their patches, ran slower than its float32 ones (ResNet-18's train step
+    # 1.21-1.26x the float32 one, MobileNetV3-small's 1.02-1.12x; with the convolutions left in float32,
+    # 0.98-1.0x), so rounding there would cost both precision and time. (PyTorch's autocast runs them on AMX.)
+    if accumulate is None and not cpu:
         (x, w), accumulate = low_precision(x, w)
         if accumulate is not None and target_platform() == "gpu":
             # cuDNN convolves half-precision operands into their own type (accumulating in float32 inside): asked
@@ -152,7 +155,7 @@ def prefers_patches(x_shape: Sequence[int], w, geometry: Geometry, constant: boo
         contraction >= PATCHES_CONTRACTION and positions <= PATCHES_POSITIONS)
 
 
-def patches_convolution(x, kernel, last, stored_last: bool, geometry: Geometry, accumulate=None):
+def patches_convolution(x, kernel, last, stored_last: bool, geometry: Geometry):
     """A dense convolution of channels-last x as one product of its patches with the kernel: ONNX's (O, I, *K)
     or a KernelLast's (*K, I, O) data (`stored_last`); `last` has the kernel's (*K, I, O) shape. A large kernel
     (more outputs than half the positions) is read as ONNX stores it, against patches of (I, taps) columns, so
@@ -166,8 +169,7 @@ def patches_convolution(x, kernel, last, stored_last: bool, geometry: Geometry, 
     else:
         taps_major = kernel if stored_last else kernel_last(kernel)
         patches, matrix, contract = jnp.concatenate(views, axis=-1), taps_major.reshape(-1, outputs), 0
-    y = lax.dot_general(patches.reshape(math.prod(positions), -1), matrix, (((1,), (contract,)), ((), ())),
-                        preferred_element_type=accumulate)
+    y = lax.dot_general(patches.reshape(math.prod(positions), -1), matrix, (((1,), (contract,)), ((), ())))
     return y.reshape(*positions, outputs)
 
 
