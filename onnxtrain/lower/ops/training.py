@@ -75,20 +75,18 @@ def gradient(*inputs, xs: Sequence[str], y: str, zs: Sequence[str] = (), ctx: No
 
     def y_of(x_values: list):
         scope = Scope({**dict(zip(xs, x_values)), **z_values}, ctx.scope)
-        if ctx.trace.remat == "attention":
-            regions = {region[-1]: region for region in attention_regions(ctx.siblings, positions, y)}
+        attention = ctx.trace.remat == "attention"
+        if ctx.trace.remat and not attention:
+            for segment in segments(ctx.siblings, positions):
+                run_segment(ctx, segment, scope)
+        else:
+            regions = {r[-1]: r for r in attention_regions(ctx.siblings, positions, y)} if attention else {}
             inside = {i for region in regions.values() for i in region[:-1]}
             for i in positions:
                 if i in regions:  # the whole region where its last node stands: its inputs all exist by then
                     run_segment(ctx, regions[i], scope)
                 elif i not in inside:
                     run_node(ctx.siblings[i], scope, ctx.trace, ctx.siblings, i)
-        elif ctx.trace.remat:
-            for segment in segments(ctx.siblings, positions):
-                run_segment(ctx, segment, scope)
-        else:
-            for i in positions:
-                run_node(ctx.siblings[i], scope, ctx.trace, ctx.siblings, i)
         traced = {name: v for name, v in scope.values.items() if name not in xs and not is_static(v)}
         return jnp.sum(scope[y]), traced
 
