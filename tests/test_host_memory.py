@@ -60,8 +60,9 @@ print(before - resident_mb())
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 
 
-def faults_per_call(mode: str) -> float:
-    done = subprocess.run([sys.executable, "-c", PROGRAM, mode], capture_output=True, text=True, timeout=300)
+def printed(program: str, mode: str) -> float:
+    """The number `program` prints last, run in a fresh process with `mode` ("plain" or "retain")."""
+    done = subprocess.run([sys.executable, "-c", program, mode], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return float(done.stdout.split()[-1])
 
@@ -70,19 +71,13 @@ def test_a_programs_temporaries_are_not_faulted_in_at_every_call():
     huge_pages = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if huge_pages.exists() and "[always]" in huge_pages.read_text():
         pytest.skip("transparent huge pages for every mapping: a fresh block costs a few faults, not one a page")
-    plain, retained = faults_per_call("plain"), faults_per_call("retain")
+    plain, retained = printed(PROGRAM, "plain"), printed(PROGRAM, "retain")  # page faults per call
     assert plain > 16384, f"expected the 64 MB temporary's 16,384 pages faulted in at every call, saw {plain}"
     assert retained < plain / 20, (plain, retained)
-
-
-def released_mb(mode: str) -> float:
-    done = subprocess.run([sys.executable, "-c", TRIM_PROGRAM, mode], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return float(done.stdout.split()[-1])
 
 
 def test_the_heaps_free_pages_go_back_to_the_system_after_a_compile_unless_retained():
     """The 200 MB freed inside the heap stay resident on their own (glibc trims only its top), and after a
     compile the process holds them no more; a process that retains freed memory keeps them."""
-    assert released_mb("plain") > 120  # less what loading and compiling the model took
-    assert released_mb("retain") < 50
+    assert printed(TRIM_PROGRAM, "plain") > 120  # MB released, less what loading and compiling the model took
+    assert printed(TRIM_PROGRAM, "retain") < 50

@@ -3,8 +3,9 @@
 The float32 matrix products (MatMul, Gemm, Einsum, Conv, ConvTranspose, the two products of Attention) read
 their operands rounded to the compute type and accumulate in float32 (`preferred_element_type`), so every ONNX
 value keeps its declared float32 type (a convolution stays float32 on the CPU and on a GPU returns the compute
-type, converted to float32 right after: lower/ops/conv.py says why). The weights therefore stay float32 (the master copy: the rounding's
-gradient hands a float32 gradient back to the weight), and so do their gradients and the optimizer state.
+type, converted to float32 right after: lower/ops/conv.py says why). The weights therefore stay float32 (the
+master copy: the rounding's gradient hands a float32 gradient back to the weight), and so do their gradients and
+the optimizer state.
 Everything else (softmax, normalizations, losses, reductions, the optimizer) computes in float32, as under
 torch.autocast, where those ops are on its float32 list.
 
