@@ -58,16 +58,25 @@ def with_state(
     return result
 
 
+# The share of a model's initializer bytes its zero state must hold for `without_zero_state` to copy the rest of
+# the model: an optimizer's moments (two thirds of an Adam model) are worth the copy; a freshly initialised
+# model's zero biases are not (BERT-base trained by SGD: 0.1 % of its 439 MB, for a 0.35 s copy at load).
+ZERO_STATE_WORTH_A_COPY = 0.125
+
+
 def without_zero_state(model: onnx.ModelProto) -> tuple[onnx.ModelProto, frozenset[str]]:
     """`model` without the bytes of its state variables (binding keys) whose bytes are all zero, and their names:
     an optimizer's moments start at zero and are each as large as the weights. A copy, because protobuf (upb)
     keeps a cleared field's memory in its message's arena: the caller must hold no other reference to `model`
-    for its memory to go. `stored_state` and build_graph (through the resolver) recreate the zeros."""
+    for its memory to go. `stored_state` and build_graph (through the resolver) recreate the zeros. `model`
+    itself, and no names, where the zeros are less than ZERO_STATE_WORTH_A_COPY of its initializers' bytes."""
     keys = {e.key for info in model.training_info for e in (*info.initialization_binding, *info.update_binding)}
     graphs = [model.graph] + [info.algorithm for info in model.training_info]
-    zero = frozenset(t.name for g in graphs for t in g.initializer if t.name in keys and holds_zeros(t))
-    if not zero:
-        return model, zero
+    zeros = [t for g in graphs for t in g.initializer if t.name in keys and holds_zeros(t)]
+    total = sum(t.ByteSize() for g in initializer_graphs(model) for t in g.initializer)
+    if not zeros or sum(t.ByteSize() for t in zeros) < ZERO_STATE_WORTH_A_COPY * total:
+        return model, frozenset()
+    zero = frozenset(t.name for t in zeros)
     return lean_copy(model, lambda tensor: tensor.name in zero and holds_zeros(tensor)), zero
 
 

@@ -200,3 +200,37 @@ def test_init_right_after_load_does_not_read_the_file_again(tmp_path):
                                atol=1e-6)
     with pytest.raises(ModelLoadError):
         engine.reset()
+
+
+def test_a_few_zero_biases_are_not_worth_a_copy_of_the_model(tmp_path):
+    """Dropping the zero state's bytes costs a copy of the rest of the model: load makes it for an optimizer's
+    moments (as large as the weights), not for a freshly initialised model's zero biases (BERT-base by SGD: a
+    0.35 s copy of 439 MB at load, and 370 MB more resident after it). Such a bias still trains and resets as
+    the spec says."""
+    from onnxtrain.export import without_zero_state
+
+    model, _ = wide_mlp()
+    last = model.graph.output[0].name
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros(WIDTHS[-1], np.float32), "B"))
+    model.graph.node.append(helper.make_node("Add", [last, "B"], ["Y"]))
+    model.graph.output[0].name = "Y"
+    sgd = onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=0.1)
+    assert without_zero_state(sgd) == (sgd, frozenset())
+    adam = onnxtrain.make_trainable(model, loss="mse", optimizer="adam", learning_rate=0.1)
+    lean, zero = without_zero_state(adam)
+    assert lean is not adam and {"B", "W0.adam_m", "W0.adam_v"} <= zero
+
+    path = tmp_path / "sgd.onnx"
+    onnx.save(sgd, path)
+    engine = onnxtrain.load(path)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, WIDTHS[0]), np.float32)
+    target = rng.standard_normal((4, WIDTHS[-1]), np.float32)
+    engine.train_step({"X": x, "target": target})
+    h = x.astype(np.float64)
+    for w in model.graph.initializer[:-1]:
+        h = h @ numpy_helper.to_array(w)
+    bias_gradient = (2 * (h - target) / h.size).sum(axis=0)  # of mean((X W0 ... W31 + B - target)^2) at B = 0
+    np.testing.assert_allclose(np.asarray(engine.state["B"]), -0.1 * bias_gradient, rtol=1e-4, atol=1e-7)
+    engine.reset()
+    np.testing.assert_array_equal(np.asarray(engine.state["B"]), np.zeros(WIDTHS[-1], np.float32))
