@@ -13,6 +13,8 @@ so a step never donates buffers another call is using.
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import threading
 from pathlib import Path
 from types import MappingProxyType
@@ -20,12 +22,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 import onnx
 
 from .cache import enable_compilation_cache
 from .dtypes import HOST_ONLY_DTYPES, is_float
 from .errors import OptionError, StateError, StepError
+from .executables import ExecutableStore, model_digest, source_digest
 from .export import (save_atomic, saved_step_count, stored_state, with_initializers, with_state, without_state_bytes,
                      without_zero_state)
 from .feeds import FeedChecker, array_signature
@@ -95,6 +99,7 @@ class Engine:
         raise_if_missing(resolver)
         self.functions = resolver.functions
         self.seed = seed
+        self._remat = remat
         self.step_count = saved_step_count(model)
         # The device copy of step_count that seeds random streams, made on the first train step. A step that
         # draws no random numbers does not advance it (one kernel less); it is then behind (`_step_behind`) and
@@ -102,7 +107,9 @@ class Engine:
         # what a checkpoint saves: resuming draws what an uninterrupted run draws.
         self._step: jax.Array | None = None
         self._step_behind = False
-        self._draws: dict[int, bool] = {}  # algorithm -> whether its step draws random numbers (found by tracing)
+        # per algorithm, what its trace found: "draws", whether its step draws random numbers (kept with the
+        # program in the store of compiled programs, which a later process reads instead of tracing)
+        self._notes: list[dict[str, Any]] = [{} for _ in self.algorithms]
         self._ran: set[tuple] = set()  # (algorithm, feed signature) that completed a step once
         # How to rebuild the state exactly as it is without a copy of it, while no step has changed it since
         # load, reset or init: then the first step of a new shape needs no safety copy (see train_step).
@@ -137,6 +144,8 @@ class Engine:
             return self._put(name, value)
 
         placed = {owner: {n: place(owner, n) for n in names} for owner, names in moving.items()}
+        # the initializers every program takes as arguments: a trace never reads their values
+        self._arguments = owned | {n for names in moving.values() for n in names}
         self._state = {n: placed[owner].pop(n) for n, owner in self.state_owner.items()}
         # Whether the state holds exactly the model's stored values (load, reset, and nothing since): a reset
         # then has nothing to read again (a file-loaded engine would read the whole file for it).
@@ -172,23 +181,42 @@ class Engine:
             return {}, steps.infer(self._model, state, consts, key, {**static_feeds, **feeds})
 
         return Program(body, self.graph.nodes, self._placement.platform, matmul_precision=self.matmul_precision,
-                       constants=self._main_hoisted)
+                       constants=self._main_hoisted, store=lambda: self._executable_store, name="infer")
 
     def _train_program(self, k: int) -> Program:
         def body(carry, consts, k_consts, key, feeds, static_feeds):
             result = steps.train_step(self._model, k, *carry, consts, k_consts, key, {**static_feeds, **feeds})
-            self._draws[k] = result.draws
+            self._notes[k]["draws"] = result.draws
             return (result.state, result.step), result.outputs
 
         return Program(body, self.graph.nodes + self.algorithms[k].graph.nodes, self._placement.platform,
                        donate=(0,), matmul_precision=self.matmul_precision,
-                       constants={**self._main_hoisted, **self._algorithm_hoisted[k]})
+                       constants={**self._main_hoisted, **self._algorithm_hoisted[k]},
+                       store=lambda: self._executable_store, name=f"train {k}", notes=self._notes[k])
 
     def _init_program(self) -> Program:
         def body(state, key, feeds, static_feeds):
             return steps.init(self._model, state, key), {}
 
-        return Program(body, (), self._placement.platform, matmul_precision=self.matmul_precision)
+        return Program(body, (), self._placement.platform, matmul_precision=self.matmul_precision,
+                       store=lambda: self._executable_store, name="init")
+
+    @functools.cached_property
+    def _executable_store(self) -> ExecutableStore | None:
+        """Where this engine's compiled programs are kept for later processes (executables.py): beside JAX's
+        persistent compilation cache, when it has a local folder, for an engine on one device. Its fingerprint
+        is everything a trace reads but the arguments: the model without the values of the initializers that
+        are arguments, the engine's options, the device, and the versions and settings of onnxtrain and JAX."""
+        folder = jax.config.jax_compilation_cache_dir
+        if not folder or "://" in folder or self._placement.parallel or jax.config.jax_default_device is not None:
+            return None  # a remote cache, several devices, or a default device this engine does not name
+        device = self._placement.devices[0] if self._placement.devices else jax.devices()[0]
+        settings = (self.matmul_precision, self.mixed_precision, self._remat, self._placement.shard_state,
+                    device.platform, device.device_kind, device.client.platform_version, jax.__version__,
+                    jaxlib.__version__, os.environ.get("XLA_FLAGS", ""), sorted(jax.config.values.items()))
+        model = model_digest(self.model, self._arguments)
+        fingerprint = hashlib.sha256(source_digest() + model + repr(settings).encode()).digest()
+        return ExecutableStore(Path(folder), fingerprint, device)
 
     # ----- the stateful API -----
 
@@ -223,7 +251,8 @@ class Engine:
 
     @property
     def trace_count(self) -> int:
-        """How many times any graph was traced (compiled); a repeated input signature adds nothing."""
+        """How many times any graph was traced (compiled), or read compiled from the store of an earlier process
+        (executables.py); a repeated input signature adds nothing."""
         return self._infer.trace_count + self._init.trace_count + sum(p.trace_count for p in self._train)
 
     def check_feeds(self, feeds: Mapping[str, Any], algorithm: int | None = None) -> dict[str, Any]:
@@ -290,7 +319,7 @@ class Engine:
                 self._ran.add((algorithm, signature))
             self._state, self._step = state, step
             self._rebuild = None
-            self._step_behind |= not self._draws[algorithm]
+            self._step_behind |= not self._notes[algorithm]["draws"]
             self.step_count += 1
         return outputs
 
@@ -307,7 +336,7 @@ class Engine:
     def _train_arguments(self, algorithm: int) -> tuple:
         # the step count lives on the device between steps: no host transfer per step, except before a step that
         # (for all we know before its first trace) draws, after steps that left it behind
-        if self._step is None or (self._step_behind and self._draws.get(algorithm, True)):
+        if self._step is None or (self._step_behind and self._notes[algorithm].get("draws", True)):
             self._step_behind = False
             with jax.enable_x64(True):
                 self._step = self._placement.put({"step": np.uint32(self.step_count)})["step"]

@@ -18,6 +18,7 @@ import numpy as np
 
 from .dtypes import host_only
 from .errors import StaticValueRequired
+from .executables import ExecutableStore, jax_cache_hits
 from .host_memory import trim_after_compiles
 from .lower.constants import hoisting
 from .lower.target import targeting
@@ -132,8 +133,19 @@ class Program:
     def __init__(
         self, body: Callable[..., Any], nodes: Sequence[Node], platform: str, donate: tuple = (),
         matmul_precision: str = "highest", constants: Mapping[str, Any] | None = None,
+        store: Callable[[], ExecutableStore | None] | None = None, name: str = "",
+        notes: dict[str, Any] | None = None,
     ):
+        """`store`: the engine's store of compiled programs on disk (executables.py), made on first use; `name`
+        tells this program's entries from the engine's other programs'; `notes`: a dict the body writes facts of
+        its trace into (kept with a stored executable, and restored from it)."""
         self.body = body
+        self.store = store
+        self.name = name
+        self.notes = notes if notes is not None else {}
+        # per static key, the executables compiled by hand (to be stored) or read from the store, one per
+        # argument signature, most recently used first; jax.jit's own cache serves what is not stored
+        self.executables: dict[tuple, list[jax.stages.Compiled]] = {}
         self.constants = dict(constants or {})  # lower/constants.py: passed as the first argument of every call
         self.platform = platform
         self.matmul_precision = matmul_precision
@@ -147,34 +159,80 @@ class Program:
 
     def _compiled(self, static: Mapping[str, Any]) -> tuple[Callable, tuple]:
         key = static_key(static)
-        fn = self.cache.get(key)
-        if fn is None:
-
-            def traced(constants, *arrays):
-                with tracing(self.matmul_precision, self.platform), hoisting(constants):
-                    state, outputs = self.body(*arrays, static)
-                self.trace_count += 1  # counted once complete: a trace that stops to specialise a feed is not one
-                host = {n: v for n, v in outputs.items() if host_only(v)}
-                self.host_outputs[key] = host
-                return state, {n: v for n, v in outputs.items() if n not in host}
-
-            self.cache[key] = jax.jit(traced, donate_argnums=tuple(i + 1 for i in self.donate),
-                                      compiler_options=compiler_options(self.nodes, self.platform) or None)
+        if key not in self.cache:
+            self.cache[key] = self._jitted(static, key)
         return self.cache[key], key
+
+    def _jitted(self, static: Mapping[str, Any], key: tuple, name: str = "traced") -> Callable:
+        """The body specialised to `static` as a jax.jit function; `name` names its XLA module."""
+
+        def traced(constants, *arrays):
+            with tracing(self.matmul_precision, self.platform), hoisting(constants):
+                state, outputs = self.body(*arrays, static)
+            self.trace_count += 1  # counted once complete: a trace that stops to specialise a feed is not one
+            host = {n: v for n, v in outputs.items() if host_only(v)}
+            self.host_outputs[key] = host
+            return state, {n: v for n, v in outputs.items() if n not in host}
+
+        traced.__name__ = traced.__qualname__ = name
+        return jax.jit(traced, donate_argnums=tuple(i + 1 for i in self.donate),
+                       compiler_options=compiler_options(self.nodes, self.platform) or None)
 
     def __call__(self, *arrays: Any, feeds: dict[str, Any]) -> Any:
         """`arrays` are positional pytrees; `feeds` is a dict of arrays split here into static and traced."""
-        (state, outputs), key = self._specialised(lambda fn, traced: fn(self.constants, *arrays, traced), feeds)
+        (state, outputs), key = self._specialised(
+            lambda fn, key, traced: self._run(fn, key, (self.constants, *arrays, traced)), feeds)
         host = self.host_outputs.get(key)
         return state, {**outputs, **host} if host else outputs
 
     def lower(self, *arrays: Any, feeds: dict[str, Any]) -> jax.stages.Lowered:
         """What a call with these arguments runs, lowered and not run (donated buffers stay valid)."""
-        return self._specialised(lambda fn, traced: fn.lower(self.constants, *arrays, traced), feeds)[0]
+        return self._specialised(lambda fn, key, traced: fn.lower(self.constants, *arrays, traced), feeds)[0]
 
-    def _specialised(self, use: Callable[[Callable, dict], Any], feeds: dict[str, Any]) -> tuple[Any, tuple]:
-        """`use(jitted, traced feeds)` and the cache key, the jitted program specialised to the values of the
-        feeds that must be static (found, with a warning, by the first trace that needs them)."""
+    def _run(self, fn: Callable, key: tuple, args: tuple) -> Any:
+        """`fn(*args)`, through an executable of the store where the engine has one."""
+        if self.store is None or key:  # no store, or a program specialised to static feeds: jax.jit alone
+            return fn(*args)
+        known = self.executables.setdefault(key, [])
+        for i, executable in enumerate(known):
+            try:
+                result = executable(*args)
+            except TypeError:  # compiled for another signature (jax checks before it runs anything)
+                continue
+            known.insert(0, known.pop(i))
+            return result
+        executable = self._prepared(key, args)
+        if executable is None:
+            return fn(*args)
+        known.insert(0, executable)
+        return executable(*args)
+
+    def _prepared(self, key: tuple, args: tuple) -> jax.stages.Compiled | None:
+        """The executable for `args`' signature: read from the store, else traced, compiled and stored."""
+        store = self.store()
+        if store is None:  # no cache folder, or an engine over several devices
+            self.store = None
+            return None
+        entry = store.entry(self.name, args)
+        loaded = store.load(entry)
+        if loaded is not None:
+            self.trace_count += 1  # a program prepared, as a trace would have
+            self.host_outputs[key] = loaded.host_outputs
+            self.notes.update(loaded.notes)
+            return loaded.executable
+        # compiled under a module name of its own (JAX's persistent cache keys on it), so that JAX's cache only
+        # holds it where this store did: an executable JAX read from its cache serializes without its kernels
+        # (XLA-CPU, jaxlib 0.10.2: "Function ... not found" once loaded in another process), so it is not stored
+        hits = jax_cache_hits()
+        executable = self._jitted({}, key, entry.module).lower(*args).compile()
+        if jax_cache_hits() == hits:
+            store.save(entry, executable, self.host_outputs.get(key, {}), self.notes)
+        return executable
+
+    def _specialised(self, use: Callable[[Callable, tuple, dict], Any],
+                     feeds: dict[str, Any]) -> tuple[Any, tuple]:
+        """`use(jitted, cache key, traced feeds)` and the cache key, the jitted program specialised to the values
+        of the feeds that must be static (found, with a warning, by the first trace that needs them)."""
         while True:
             static = {n: as_static(v) for n, v in feeds.items() if n in self.static_feeds or host_only(v)}
             # the common case costs no copy: nothing static (this runs on every call)
@@ -182,7 +240,7 @@ class Program:
             try:
                 with jax.enable_x64(True):
                     fn, key = self._compiled(static)
-                    return use(fn, traced), key
+                    return use(fn, key, traced), key
             except StaticValueRequired as exc:
                 culprits = self.culprits(exc, traced)
                 if not culprits:

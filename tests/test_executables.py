@@ -1,0 +1,146 @@
+"""The store of compiled programs (onnxtrain/executables.py): a later process runs a stored train step without
+tracing the graph, with the numbers a traced step gives, and never runs a program stored for another model,
+option or feed signature. Each process here is a fresh one, as a user's next run is."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from training_models import linear_regression, tensor
+
+# One process of a user's: load the model, run train steps, report the state, how many times one of the engine's
+# programs was traced (JAX's trace events name the traced function), and the store's files.
+CHILD = """
+import json, sys
+import jax, numpy as np
+import onnxtrain
+
+traces = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, secs, fun_name="", **_: traces.append(fun_name)
+    if event == "/jax/core/compile/jaxpr_trace_duration" and fun_name.startswith(("traced", "onnxtrain_")) else None)
+path, rows, steps, options = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
+engine = onnxtrain.load(path, **options)
+rng = np.random.default_rng(0)
+feeds = {"X": rng.standard_normal((rows, 3), np.float32), "T": rng.standard_normal((rows, 2), np.float32)}
+for _ in range(steps):
+    engine.train_step(feeds)
+inferred = np.asarray(engine.infer({"X": feeds["X"]})["Y"]).tolist()
+print(json.dumps({"W": np.asarray(engine.state["W"]).tolist(), "B": np.asarray(engine.state["B"]).tolist(),
+                  "infer": inferred, "traces": len(traces)}))
+"""
+
+W0 = np.arange(6, dtype=np.float32).reshape(3, 2) / 10
+B0 = np.array([0.5, -0.5], np.float32)
+
+
+def run(path: Path, cache: Path | None, rows: int = 4, steps: int = 3, **options) -> dict:
+    """CHILD's report; `cache` None: the persistent caches off."""
+    env = {**os.environ, "ONNXTRAIN_CACHE_DIR": str(cache or ""), "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-c", CHILD, str(path), str(rows), str(steps), json.dumps(options)],
+                          capture_output=True, text=True, env=env, cwd=Path(__file__).parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def numpy_sgd(lr: float, rows: int = 4, steps: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """The same steps in float64 NumPy: loss mean((X W + B - T)^2)."""
+    rng = np.random.default_rng(0)
+    x, t = rng.standard_normal((rows, 3), np.float32), rng.standard_normal((rows, 2), np.float32)
+    w, b = W0.astype(np.float64), B0.astype(np.float64)
+    for _ in range(steps):
+        d = 2 * (x @ w + b - t) / t.size
+        w, b = w - lr * x.T @ d, b - lr * d.sum(axis=0)
+    return w, b
+
+
+def programs(cache: Path) -> list[Path]:
+    return sorted((cache / "onnxtrain-programs").glob("*.program"))
+
+
+def assert_sgd(result: dict, lr: float, rows: int = 4) -> None:
+    w, b = numpy_sgd(lr, rows)
+    np.testing.assert_allclose(result["W"], w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(result["B"], b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_later_process_runs_the_stored_step_without_tracing_it(tmp_path):
+    path = tmp_path / "linear.onnx"
+    onnx.save(linear_regression(W0, B0, lr=0.1), path)
+    first = run(path, tmp_path / "cache")
+    assert first["traces"] >= 2 and len(programs(tmp_path / "cache")) == 2  # the train step and inference
+    assert_sgd(first, 0.1)
+    later = run(path, tmp_path / "cache")
+    assert later["traces"] == 0
+    assert later == {**first, "traces": 0}
+
+
+def test_a_stored_program_serves_only_its_model_options_and_feed_shapes(tmp_path):
+    """The learning rate is a constant the trace compiles in: a model that differs only there, an option, or
+    another batch size is traced anew, never served the stored program."""
+    cache = tmp_path / "cache"
+    for lr in (0.1, 0.05):
+        onnx.save(linear_regression(W0, B0, lr=lr), tmp_path / f"lr{lr}.onnx")
+    assert_sgd(run(tmp_path / "lr0.1.onnx", cache), 0.1)
+    other = run(tmp_path / "lr0.05.onnx", cache)
+    assert other["traces"] >= 2
+    assert_sgd(other, 0.05)
+    rows = run(tmp_path / "lr0.1.onnx", cache, rows=8)
+    assert rows["traces"] >= 2
+    assert_sgd(rows, 0.1, rows=8)
+    bf16 = run(tmp_path / "lr0.1.onnx", cache, mixed_precision="bfloat16")
+    assert bf16["traces"] >= 2
+    assert len(programs(cache)) == 8
+    for lr, rows in ((0.1, 4), (0.05, 4), (0.1, 8)):
+        again = run(tmp_path / f"lr{lr}.onnx", cache, rows=rows)
+        assert again["traces"] == 0
+        assert_sgd(again, lr, rows)
+
+
+def test_a_damaged_store_is_a_miss_not_a_failure(tmp_path):
+    path = tmp_path / "linear.onnx"
+    onnx.save(linear_regression(W0, B0, lr=0.1), path)
+    cache = tmp_path / "cache"
+    first = run(path, cache)
+    for file in programs(cache):  # a disk that filled up, another version's file, a stray write
+        file.write_bytes(file.read_bytes()[: len(file.read_bytes()) // 2])
+    damaged = run(path, cache)
+    assert damaged["traces"] >= 2 and damaged == {**first, "traces": damaged["traces"]}
+    assert programs(cache) == []  # the damaged files are gone
+
+
+def test_a_stored_step_draws_the_random_numbers_a_traced_one_does(tmp_path):
+    """Whether a step draws random numbers is found by its trace and decides how the engine advances its random
+    stream: a stored step keeps that with it, so its dropout masks are those of the traced step's process."""
+    model = linear_regression(W0, B0, lr=0.1)
+    algorithm = model.training_info[0].algorithm
+    sub = next(node for node in algorithm.node if node.op_type == "Sub")
+    sub.output[0] = "D_all"
+    algorithm.node.insert(1, helper.make_node("Dropout", ["D_all", "ratio", "train"], ["D"]))
+    algorithm.initializer.extend([tensor("ratio", np.float32(0.5)), tensor("train", np.bool_(True))])
+    path = tmp_path / "dropout.onnx"
+    onnx.save(model, path)
+    first = run(path, tmp_path / "cache", steps=4)
+    later = run(path, tmp_path / "cache", steps=4)
+    assert later["traces"] == 0 and later == {**first, "traces": 0}
+    uncached = run(path, None, steps=4)  # no store: every process traces
+    assert uncached["traces"] >= 2 and uncached == {**first, "traces": uncached["traces"]}
+    assert not np.allclose(first["W"], numpy_sgd(0.1, steps=4)[0])  # the masks did drop values
+
+
+def test_no_cache_folder_stores_nothing(tmp_path):
+    path = tmp_path / "linear.onnx"
+    onnx.save(linear_regression(W0, B0, lr=0.1), path)
+    for _ in range(2):
+        result = run(path, None)
+        assert result["traces"] >= 2
+        assert_sgd(result, 0.1)
+    assert not any(tmp_path.glob("**/*.program"))
