@@ -27,7 +27,7 @@ import onnx
 from jax.experimental import serialize_executable
 
 from .atomic import replace_atomically, unlink_quietly
-from .big_models import lean_copy
+from .big_models import initializer_graphs, lean_copy
 
 FOLDER = "onnxtrain-programs"  # inside the compilation cache folder
 FORMAT = b"onnxtrain-program-1"
@@ -43,9 +43,22 @@ def source_digest() -> bytes:
     return digest.digest()
 
 
-def model_digest(model: onnx.ModelProto, state: set[str]) -> bytes:
-    """The model's bytes but its state variables' raw_data: those values reach a program as arguments."""
-    lean = lean_copy(model, lambda tensor: tensor.name in state)
+# what a tensor's values are stored in, besides raw_data (which lean_copy leaves out)
+VALUE_FIELDS = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data",
+                "external_data", "data_location")
+
+
+def model_digest(model: onnx.ModelProto, arguments: set[str]) -> bytes:
+    """The model as far as a trace reads it: without the values of the initializers in `arguments` (they reach a
+    program as arguments: a checkpoint exported after training has the same programs) and without its metadata
+    (the train step count an export writes there is an argument too)."""
+    lean = lean_copy(model, lambda tensor: tensor.name in arguments)
+    for graph in initializer_graphs(lean):
+        for tensor in graph.initializer:
+            if tensor.name in arguments:
+                for field in VALUE_FIELDS:
+                    tensor.ClearField(field)
+    lean.ClearField("metadata_props")
     return hashlib.sha256(lean.SerializeToString(deterministic=True)).digest()
 
 

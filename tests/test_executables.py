@@ -34,6 +34,8 @@ feeds = {"X": rng.standard_normal((rows, 3), np.float32), "T": rng.standard_norm
 for _ in range(steps):
     engine.train_step(feeds)
 inferred = np.asarray(engine.infer({"X": feeds["X"]})["Y"]).tolist()
+if len(sys.argv) > 5:
+    engine.export(sys.argv[5])
 print(json.dumps({"W": np.asarray(engine.state["W"]).tolist(), "B": np.asarray(engine.state["B"]).tolist(),
                   "infer": inferred, "traces": len(traces)}))
 """
@@ -42,11 +44,13 @@ W0 = np.arange(6, dtype=np.float32).reshape(3, 2) / 10
 B0 = np.array([0.5, -0.5], np.float32)
 
 
-def run(path: Path, cache: Path | None, rows: int = 4, steps: int = 3, **options) -> dict:
-    """CHILD's report; `cache` None: the persistent caches off."""
+def run(path: Path, cache: Path | None, rows: int = 4, steps: int = 3, export: Path | None = None,
+        **options) -> dict:
+    """CHILD's report; `cache` None: the persistent caches off; `export`: where the trained model goes."""
     env = {**os.environ, "ONNXTRAIN_CACHE_DIR": str(cache or ""), "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, "-c", CHILD, str(path), str(rows), str(steps), json.dumps(options)],
-                          capture_output=True, text=True, env=env, cwd=Path(__file__).parent)
+    command = [sys.executable, "-c", CHILD, str(path), str(rows), str(steps), json.dumps(options)]
+    done = subprocess.run(command + ([str(export)] if export else []), capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).parent)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -81,6 +85,19 @@ def test_a_later_process_runs_the_stored_step_without_tracing_it(tmp_path):
     later = run(path, tmp_path / "cache")
     assert later["traces"] == 0
     assert later == {**first, "traces": 0}
+
+
+def test_a_checkpoint_exported_after_training_runs_the_stored_step(tmp_path):
+    """Its weights and step count differ from the model's, which the programs take as arguments: resuming from
+    it traces nothing, and continues the NumPy run."""
+    path = tmp_path / "linear.onnx"
+    onnx.save(linear_regression(W0, B0, lr=0.1), path)
+    run(path, tmp_path / "cache", export=tmp_path / "trained.onnx")
+    resumed = run(tmp_path / "trained.onnx", tmp_path / "cache")
+    assert resumed["traces"] == 0
+    w, b = numpy_sgd(0.1, steps=6)
+    np.testing.assert_allclose(resumed["W"], w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(resumed["B"], b, rtol=1e-5, atol=1e-6)
 
 
 def test_a_stored_program_serves_only_its_model_options_and_feed_shapes(tmp_path):
