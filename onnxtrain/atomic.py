@@ -40,12 +40,13 @@ def fsync_folder(folder: Path) -> None:
         os.close(descriptor)
 
 
-def write_durably(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Create `path` (which must not exist) with `write`, then flush and fsync it."""
+def write_durably(path: Path, write: Callable[[BinaryIO], None], durable: bool = True) -> None:
+    """Create `path` (which must not exist) with `write`, then flush and (if `durable`) fsync it."""
     with open(path, "xb") as stream:
         write(stream)
         stream.flush()
-        os.fsync(stream.fileno())
+        if durable:
+            os.fsync(stream.fileno())
 
 
 def unlink_quietly(path: Path) -> None:
@@ -55,16 +56,19 @@ def unlink_quietly(path: Path) -> None:
         pass
 
 
-def replace_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write `path` through a staging file: readers (and crashes) see the old contents or the new, whole."""
+def replace_atomically(path: Path, write: Callable[[BinaryIO], None], durable: bool = True) -> None:
+    """Write `path` through a staging file: readers (and crashes) see the old contents or the new, whole.
+    `durable=False` skips the fsyncs, for a cache whose reader takes a torn file for a missing one: a process
+    killed then leaves the old contents or the new, a power loss maybe neither."""
     path = Path(path)
     staged = staging_path(path, new_token())
     try:
-        write_durably(staged, write)
+        write_durably(staged, write, durable)
         os.replace(staged, path)
     finally:
         unlink_quietly(staged)  # only still there if writing or renaming failed
-    fsync_folder(path.absolute().parent)
+    if durable:
+        fsync_folder(path.absolute().parent)
     remove_matching(path.parent, [staging_pattern(path)], keep=set())
 
 

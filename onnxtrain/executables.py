@@ -15,8 +15,10 @@ executable is native code, and JAX serializes it with pickle.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import os
 import pickle
 import threading
 from pathlib import Path
@@ -30,6 +32,9 @@ from .atomic import replace_atomically, unlink_quietly
 from .big_models import initializer_graphs, lean_copy
 
 FOLDER = "onnxtrain-programs"  # inside the compilation cache folder
+# The store's size: past it, the programs least recently used go (each new onnxtrain version, and each model,
+# option and feed shape, adds its own; a real-size model's train step is 1-5 MB)
+MAX_BYTES = 2**30
 FORMAT = b"onnxtrain-program-1"
 
 
@@ -116,6 +121,8 @@ class ExecutableStore:
         except Exception:  # noqa: BLE001 - a damaged or foreign file is a miss: the program is traced again
             unlink_quietly(entry.path)
             return None
+        with contextlib.suppress(OSError):  # used now: the last to go when the store is pruned
+            os.utime(entry.path)
         return Loaded(executable, host_outputs, notes)
 
     def save(self, entry: Entry, executable: jax.stages.Compiled, host_outputs: Mapping[str, Any],
@@ -126,6 +133,19 @@ class ExecutableStore:
             payload, in_tree, out_tree = serialize_executable.serialize(executable)
             data = pickle.dumps((payload, in_tree, out_tree, dict(host_outputs), dict(notes)))
             self.folder.mkdir(parents=True, exist_ok=True)
-            replace_atomically(entry.path, lambda stream: stream.write(data))
+            replace_atomically(entry.path, lambda stream: stream.write(data), durable=False)
+            prune(self.folder, MAX_BYTES)
         except (ValueError, NotImplementedError, OSError, pickle.PicklingError):
             return
+
+
+def prune(folder: Path, limit: int) -> None:
+    """Remove the least recently used programs of `folder` until the rest fit in `limit` bytes."""
+    files = [(entry.stat().st_mtime, entry.stat().st_size, Path(entry.path))
+             for entry in os.scandir(folder) if entry.name.endswith(".program")]
+    total = sum(size for _, size, _ in files)
+    for _, size, path in sorted(files):
+        if total <= limit:
+            return
+        unlink_quietly(path)
+        total -= size

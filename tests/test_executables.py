@@ -161,3 +161,15 @@ def test_no_cache_folder_stores_nothing(tmp_path):
         assert result["traces"] >= 2
         assert_sgd(result, 0.1)
     assert not any(tmp_path.glob("**/*.program"))
+
+
+def test_the_store_keeps_the_programs_used_last_within_its_size(tmp_path):
+    from onnxtrain.executables import prune
+
+    for age, name in enumerate(["newest", "middle", "oldest"]):
+        path = tmp_path / f"{name}.program"
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (1e9 - age * 60, 1e9 - age * 60))
+    (tmp_path / "other.file").write_bytes(b"x" * 1000)  # not the store's
+    prune(tmp_path, 250)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["middle.program", "newest.program", "other.file"]
