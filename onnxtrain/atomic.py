@@ -58,8 +58,9 @@ def unlink_quietly(path: Path) -> None:
 
 def replace_atomically(path: Path, write: Callable[[BinaryIO], None], durable: bool = True) -> None:
     """Write `path` through a staging file: readers (and crashes) see the old contents or the new, whole.
-    `durable=False` skips the fsyncs, for a cache whose reader takes a torn file for a missing one: a process
-    killed then leaves the old contents or the new, a power loss maybe neither."""
+    `durable=False`, for a cache whose reader takes a torn file for a missing one: no fsyncs (a process killed
+    still leaves the old contents or the new, a power loss maybe neither), and the staging files of killed
+    writes are left for the cache's own pruning (a scan of the folder per write would cost a large cache)."""
     path = Path(path)
     staged = staging_path(path, new_token())
     try:
@@ -69,7 +70,7 @@ def replace_atomically(path: Path, write: Callable[[BinaryIO], None], durable: b
         unlink_quietly(staged)  # only still there if writing or renaming failed
     if durable:
         fsync_folder(path.absolute().parent)
-    remove_matching(path.parent, [staging_pattern(path)], keep=set())
+        remove_matching(path.parent, [staging_pattern(path)], keep=set())
 
 
 def remove_matching(folder: Path, patterns: Iterable[re.Pattern[str]], keep: set[str]) -> None:

@@ -21,6 +21,7 @@ import hashlib
 import os
 import pickle
 import threading
+import time
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple
 
@@ -134,15 +135,29 @@ class ExecutableStore:
             data = pickle.dumps((payload, in_tree, out_tree, dict(host_outputs), dict(notes)))
             self.folder.mkdir(parents=True, exist_ok=True)
             replace_atomically(entry.path, lambda stream: stream.write(data), durable=False)
-            prune(self.folder, MAX_BYTES)
+            pruned_once(self.folder)
         except (ValueError, NotImplementedError, OSError, pickle.PicklingError):
             return
 
 
-def prune(folder: Path, limit: int) -> None:
-    """Remove the least recently used programs of `folder` until the rest fit in `limit` bytes."""
-    files = [(entry.stat().st_mtime, entry.stat().st_size, Path(entry.path))
-             for entry in os.scandir(folder) if entry.name.endswith(".program")]
+@functools.cache
+def pruned_once(folder: Path) -> None:
+    """`prune` at the first program a process stores: a scan of the folder per program would cost a test suite's
+    thousands of them more than storing them; what one process adds past the limit goes in the next."""
+    prune(folder, MAX_BYTES)
+
+
+def prune(folder: Path, limit: int, now: float | None = None) -> None:
+    """Remove the least recently used programs of `folder` until the rest fit in `limit` bytes, and the staging
+    files of writes killed over an hour ago."""
+    now = time.time() if now is None else now
+    files = []
+    for entry in os.scandir(folder):
+        stat = entry.stat()
+        if entry.name.endswith(".program"):
+            files.append((stat.st_mtime, stat.st_size, Path(entry.path)))
+        elif entry.name.endswith(".tmp") and stat.st_mtime < now - 3600:
+            unlink_quietly(Path(entry.path))
     total = sum(size for _, size, _ in files)
     for _, size, path in sorted(files):
         if total <= limit:

@@ -171,5 +171,10 @@ def test_the_store_keeps_the_programs_used_last_within_its_size(tmp_path):
         path.write_bytes(b"x" * 100)
         os.utime(path, (1e9 - age * 60, 1e9 - age * 60))
     (tmp_path / "other.file").write_bytes(b"x" * 1000)  # not the store's
-    prune(tmp_path, 250)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["middle.program", "newest.program", "other.file"]
+    for name, age in (("killed", 7200), ("writing", 60)):  # staging files: of a write killed, of one under way
+        staged = tmp_path / f".{name}.program.0123456789abcdef.tmp"
+        staged.write_bytes(b"x")
+        os.utime(staged, (1e9 - age, 1e9 - age))
+    prune(tmp_path, 250, now=1e9)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".writing.program.0123456789abcdef.tmp", "middle.program", "newest.program", "other.file"]
