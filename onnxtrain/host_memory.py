@@ -63,9 +63,18 @@ def glibc() -> Any:
     return libc
 
 
+def trim_heap() -> None:
+    """Return the heap's free pages to the system now, unless the process retains freed memory (nothing off
+    glibc). Also after reading an executable from onnxtrain's own store (executables.py), which leaves the heap
+    as reading one from JAX's cache does."""
+    libc = glibc()
+    if libc is not None and not _RETAINING["on"]:
+        libc.malloc_trim(0)
+
+
 def _trim(event: str, seconds: float, **_: Any) -> None:
-    if event == COMPILE_EVENT and seconds >= TRIM_AFTER_SECONDS and not _RETAINING["on"]:
-        glibc().malloc_trim(0)
+    if event == COMPILE_EVENT and seconds >= TRIM_AFTER_SECONDS:
+        trim_heap()
 
 
 @functools.cache

@@ -19,7 +19,7 @@ import numpy as np
 from .dtypes import host_only
 from .errors import StaticValueRequired
 from .executables import ExecutableStore, jax_cache_hits
-from .host_memory import trim_after_compiles
+from .host_memory import trim_after_compiles, trim_heap
 from .lower.constants import hoisting
 from .lower.target import targeting
 from .ir import Node
@@ -216,6 +216,7 @@ class Program:
         entry = store.entry(self.name, args)
         loaded = store.load(entry)
         if loaded is not None:
+            trim_heap()  # the read's freed memory, as after a compile
             self.trace_count += 1  # a program prepared, as a trace would have
             self.host_outputs[key] = loaded.host_outputs
             self.notes.update(loaded.notes)
