@@ -29,7 +29,7 @@ import onnx
 from .cache import enable_compilation_cache
 from .dtypes import HOST_ONLY_DTYPES, is_float
 from .errors import OptionError, StateError, StepError
-from .executables import ExecutableStore, model_digest, source_digest
+from .executables import ExecutableStore, model_digest
 from .export import (save_atomic, saved_step_count, stored_state, with_initializers, with_state, without_state_bytes,
                      without_zero_state)
 from .feeds import FeedChecker, array_signature
@@ -206,7 +206,8 @@ class Engine:
         """Where this engine's compiled programs are kept for later processes (executables.py): beside JAX's
         persistent compilation cache, when it has a local folder, for an engine on one device. Its fingerprint
         is everything a trace reads but the arguments: the model without the values of the initializers that
-        are arguments, the engine's options, the device, and the versions and settings of onnxtrain and JAX."""
+        are arguments, the engine's options, the device, JAX's version and settings (and, added by the store,
+        onnxtrain's sources)."""
         folder = jax.config.jax_compilation_cache_dir
         if not folder or "://" in folder or self._placement.parallel or jax.config.jax_default_device is not None:
             return None  # a remote cache, several devices, or a default device this engine does not name
@@ -215,7 +216,7 @@ class Engine:
                     device.platform, device.device_kind, device.client.platform_version, jax.__version__,
                     jaxlib.__version__, os.environ.get("XLA_FLAGS", ""), sorted(jax.config.values.items()))
         model = model_digest(self.model, self._arguments)
-        fingerprint = hashlib.sha256(source_digest() + model + repr(settings).encode()).digest()
+        fingerprint = hashlib.sha256(model + repr(settings).encode()).digest()
         return ExecutableStore(Path(folder), fingerprint, device)
 
     # ----- the stateful API -----

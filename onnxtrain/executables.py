@@ -96,7 +96,8 @@ class Loaded(NamedTuple):
 
 
 class ExecutableStore:
-    """The store of one engine's programs: `fingerprint` says everything but the arguments' signature."""
+    """The store of one engine's programs: `fingerprint` says everything but the arguments' signature and
+    onnxtrain's own sources (the store adds those)."""
 
     def __init__(self, folder: Path, fingerprint: bytes, device: jax.Device):
         self.folder = folder / FOLDER
@@ -104,12 +105,16 @@ class ExecutableStore:
         self.device = device
 
     def entry(self, program: str, args: tuple) -> Entry:
+        """The file of `program` for `args`' signature, and its module name. The name leaves onnxtrain's own
+        sources out: a new version whose program is unchanged then compiles it from JAX's cache, as before the
+        store (such an executable is used, not stored: program.py), instead of compiling every program anew."""
         leaves, tree = jax.tree.flatten(args)
         digest = hashlib.sha256(FORMAT + self.fingerprint + program.encode() + str(tree).encode())
         for leaf in leaves:
             digest.update(str(jax.typeof(leaf)).encode() + b";")
-        name = digest.hexdigest()
-        return Entry(self.folder / f"{name}.program", f"onnxtrain_{name[:16]}")
+        traced = digest.hexdigest()
+        name = hashlib.sha256(source_digest() + traced.encode()).hexdigest()
+        return Entry(self.folder / f"{name}.program", f"onnxtrain_{traced[:16]}")
 
     def load(self, entry: Entry) -> Loaded | None:
         try:

@@ -19,9 +19,12 @@ from training_models import linear_regression, tensor
 # One process of a user's: load the model, run train steps, report the state, how many times one of the engine's
 # programs was traced (JAX's trace events name the traced function), and the store's files.
 CHILD = """
-import json, sys
+import json, os, sys
 import jax, numpy as np
 import onnxtrain
+if "OTHER_VERSION" in os.environ:  # another onnxtrain: the store's entries are keyed on its sources
+    import onnxtrain.executables
+    onnxtrain.executables.source_digest = lambda: os.environ["OTHER_VERSION"].encode()
 
 traces = []
 jax.monitoring.register_event_duration_secs_listener(
@@ -45,9 +48,11 @@ B0 = np.array([0.5, -0.5], np.float32)
 
 
 def run(path: Path, cache: Path | None, rows: int = 4, steps: int = 3, export: Path | None = None,
-        **options) -> dict:
-    """CHILD's report; `cache` None: the persistent caches off; `export`: where the trained model goes."""
+        version: str | None = None, **options) -> dict:
+    """CHILD's report; `cache` None: the persistent caches off; `export`: where the trained model goes;
+    `version`: as if another version of onnxtrain ran."""
     env = {**os.environ, "ONNXTRAIN_CACHE_DIR": str(cache or ""), "JAX_PLATFORMS": "cpu"}
+    env.update({"OTHER_VERSION": version} if version else {})
     command = [sys.executable, "-c", CHILD, str(path), str(rows), str(steps), json.dumps(options)]
     done = subprocess.run(command + ([str(export)] if export else []), capture_output=True, text=True, env=env,
                           cwd=Path(__file__).parent)
@@ -120,6 +125,21 @@ def test_a_stored_program_serves_only_its_model_options_and_feed_shapes(tmp_path
         again = run(tmp_path / f"lr{lr}.onnx", cache, rows=rows)
         assert again["traces"] == 0
         assert_sgd(again, lr, rows)
+
+
+def test_another_version_that_compiles_the_same_program_gets_it_from_jaxs_cache(tmp_path):
+    """Its entry is not in the store; the program it lowers is in JAX's cache under the same module name, and an
+    executable JAX read from its cache would be stored without its kernels (XLA-CPU): it runs, unstored, in
+    every process of that version, with the right numbers."""
+    path = tmp_path / "linear.onnx"
+    onnx.save(linear_regression(W0, B0, lr=0.1), path)
+    cache = tmp_path / "cache"
+    first = run(path, cache)
+    stored = programs(cache)
+    for _ in range(2):
+        other = run(path, cache, version="next")
+        assert other["traces"] >= 2 and other == {**first, "traces": other["traces"]}
+        assert programs(cache) == stored
 
 
 def test_a_damaged_store_is_a_miss_not_a_failure(tmp_path):
