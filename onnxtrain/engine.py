@@ -206,15 +206,16 @@ class Engine:
         """Where this engine's compiled programs are kept for later processes (executables.py): beside JAX's
         persistent compilation cache, when it has a local folder, for an engine on one device. Its fingerprint
         is everything a trace reads but the arguments: the model without the values of the initializers that
-        are arguments, the engine's options, the device, JAX's version and settings (and, added by the store,
-        onnxtrain's sources)."""
+        are arguments, the engine's options, the device, the versions of JAX, onnx and NumPy, JAX's settings
+        (and, added by the store, onnxtrain's sources)."""
         folder = jax.config.jax_compilation_cache_dir
         if not folder or "://" in folder or self._placement.parallel or jax.config.jax_default_device is not None:
             return None  # a remote cache, several devices, or a default device this engine does not name
         device = self._placement.devices[0] if self._placement.devices else jax.devices()[0]
         settings = (self.matmul_precision, self.mixed_precision, self._remat, self._placement.shard_state,
                     device.platform, device.device_kind, device.client.platform_version, jax.__version__,
-                    jaxlib.__version__, os.environ.get("XLA_FLAGS", ""), sorted(jax.config.values.items()))
+                    jaxlib.__version__, onnx.__version__, np.__version__,  # onnx's schemas, NumPy's static folding
+                    os.environ.get("XLA_FLAGS", ""), sorted(jax.config.values.items()))
         model = model_digest(self.model, self._arguments)
         fingerprint = hashlib.sha256(model + repr(settings).encode()).digest()
         return ExecutableStore(Path(folder), fingerprint, device)
