@@ -198,3 +198,27 @@ def test_the_store_keeps_the_programs_used_last_within_its_size(tmp_path):
     prune(tmp_path, 250, now=1e9)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         ".writing.program.0123456789abcdef.tmp", "middle.program", "newest.program", "other.file"]
+
+
+DETERMINANT = """
+import sys
+import numpy as np
+from onnx import TensorProto, helper
+import onnxtrain
+graph = helper.make_graph([helper.make_node("Det", ["X"], ["Y"])], "det",
+                          [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 4, 4])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2])])
+x = np.random.default_rng(0).standard_normal((2, 4, 4)).astype(np.float32)
+print(np.abs(np.asarray(onnxtrain.load(helper.make_model(graph)).infer({"X": x})["Y"]) - np.linalg.det(x)).max())
+"""
+
+
+def test_a_program_that_calls_jaxlibs_kernels_is_not_stored(tmp_path):
+    """A determinant lowers to LAPACK's LU factorization, a kernel of jaxlib's that the lowering sets up: read
+    without tracing, the program crashed the process. It is traced in every process instead."""
+    env = {**os.environ, "ONNXTRAIN_CACHE_DIR": str(tmp_path), "JAX_PLATFORMS": "cpu"}
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", DETERMINANT], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert float(done.stdout.split()[-1]) < 1e-4
+    assert programs(tmp_path) == []
