@@ -99,7 +99,6 @@ class Engine:
         raise_if_missing(resolver)
         self.functions = resolver.functions
         self.seed = seed
-        self._remat = remat
         self.step_count = saved_step_count(model)
         # The device copy of step_count that seeds random streams, made on the first train step. A step that
         # draws no random numbers does not advance it (one kernel less); it is then behind (`_step_behind`) and
@@ -212,7 +211,7 @@ class Engine:
         if not folder or "://" in folder or self._placement.parallel or jax.config.jax_default_device is not None:
             return None  # a remote cache, several devices, or a default device this engine does not name
         device = self._placement.devices[0] if self._placement.devices else jax.devices()[0]
-        settings = (self.matmul_precision, self.mixed_precision, self._remat, self._placement.shard_state,
+        settings = (self.matmul_precision, self.mixed_precision, self._model.remat, self._placement.shard_state,
                     device.platform, device.device_kind, device.client.platform_version, jax.__version__,
                     jaxlib.__version__, onnx.__version__, np.__version__,  # onnx's schemas, NumPy's static folding
                     os.environ.get("XLA_FLAGS", ""), sorted(jax.config.values.items()))

@@ -47,12 +47,16 @@ W0 = np.arange(6, dtype=np.float32).reshape(3, 2) / 10
 B0 = np.array([0.5, -0.5], np.float32)
 
 
+def environment(cache: Path | None) -> dict[str, str]:
+    """A child process's: the persistent caches in `cache` (None: off), on the CPU."""
+    return {**os.environ, "ONNXTRAIN_CACHE_DIR": str(cache or ""), "JAX_PLATFORMS": "cpu"}
+
+
 def run(path: Path, cache: Path | None, rows: int = 4, steps: int = 3, export: Path | None = None,
         version: str | None = None, **options) -> dict:
     """CHILD's report; `cache` None: the persistent caches off; `export`: where the trained model goes;
     `version`: as if another version of onnxtrain ran."""
-    env = {**os.environ, "ONNXTRAIN_CACHE_DIR": str(cache or ""), "JAX_PLATFORMS": "cpu"}
-    env.update({"OTHER_VERSION": version} if version else {})
+    env = {**environment(cache), **({"OTHER_VERSION": version} if version else {})}
     command = [sys.executable, "-c", CHILD, str(path), str(rows), str(steps), json.dumps(options)]
     done = subprocess.run(command + ([str(export)] if export else []), capture_output=True, text=True, env=env,
                           cwd=Path(__file__).parent)
@@ -216,9 +220,9 @@ print(np.abs(np.asarray(onnxtrain.load(helper.make_model(graph)).infer({"X": x})
 def test_a_program_that_calls_jaxlibs_kernels_is_not_stored(tmp_path):
     """A determinant lowers to LAPACK's LU factorization, a kernel of jaxlib's that the lowering sets up: read
     without tracing, the program crashed the process. It is traced in every process instead."""
-    env = {**os.environ, "ONNXTRAIN_CACHE_DIR": str(tmp_path), "JAX_PLATFORMS": "cpu"}
     for _ in range(2):
-        done = subprocess.run([sys.executable, "-c", DETERMINANT], capture_output=True, text=True, env=env)
+        done = subprocess.run([sys.executable, "-c", DETERMINANT], capture_output=True, text=True,
+                              env=environment(tmp_path))
         assert done.returncode == 0, done.stderr[-2000:]
         assert float(done.stdout.split()[-1]) < 1e-4
     assert programs(tmp_path) == []
