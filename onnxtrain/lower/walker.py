@@ -21,6 +21,7 @@ from .build import Resolver, build_node, raise_if_missing
 from .layout import channels_first, channels_first_results
 from .constants import hoisting, with_hoisted
 from .registry import schema_for
+from .selection import reordering
 from .typecheck import check_node
 from .values import Value, is_static, static_evaluation, to_static
 
@@ -147,7 +148,7 @@ def run_nodes(nodes: Sequence["Node"], scope: Scope, trace: TraceContext) -> Non
 def run_node(node: "Node", scope: Scope, trace: TraceContext, siblings: Sequence["Node"], position: int) -> None:
     args = [read_value(scope, name, f"input of {node.label}", raw=True) if name else None for name in node.inputs]
     try:
-        results = call_node(node, args, scope, trace, siblings, position)
+        results = call_reordered(node, args, scope, trace, siblings, position)
     except StaticValueRequired as exc:
         if exc.node is not None:
             raise
@@ -164,6 +165,19 @@ def run_node(node: "Node", scope: Scope, trace: TraceContext, siblings: Sequence
         raise NodeError(f"{node.label}: produced {len(results)} outputs, the model asks for {len(node.outputs)}")
     for i in wanted:
         scope[node.outputs[i]] = results[i]
+
+
+def call_reordered(
+    node: "Node", args: list[Value], scope: Scope, trace: TraceContext, siblings: Sequence["Node"], position: int
+) -> Any:
+    """The node's results, a selection of rows computed before the product it selects from where it can be
+    (lower/selection.py)."""
+    plan = reordering(node, args, scope.raw, siblings, position)
+    if plan is None:
+        return call_node(node, args, scope, trace, siblings, position)
+    x, w = (scope.raw(name) for name in plan.product.inputs)
+    rows = call_node(node, [x, *args[1:]], scope, trace, siblings, position)
+    return call_node(plan.product, [rows, w], scope, trace, siblings, plan.position)
 
 
 def value_name_of(node: "Node", formal_input: str) -> str | None:

@@ -1,0 +1,123 @@
+"""Rows selected from a product computed as the product of the selected rows (onnxtrain/lower/selection.py):
+inference against onnx's reference, training against a PyTorch loop, and the compiled programs holding the
+small product instead of the full one (so these tests fail if the reordering stops happening)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxtrain
+from nodes import run_both
+
+RNG = np.random.default_rng(0)
+BATCH, POSITIONS, HIDDEN, INNER, VOCABULARY = 2, 5, 4, 6, 7
+FULL_PRODUCT = f"f32[{BATCH * POSITIONS},{VOCABULARY}]"  # the head's product over every position, flattened
+
+
+def rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+WEIGHTS = {"W1": rand(HIDDEN, INNER), "W2": rand(INNER, VOCABULARY)}
+FEEDS = {"X": rand(BATCH, POSITIONS, HIDDEN)}
+
+# selection node (reading "logits"), its extra initializers, and the selection as NumPy indexing
+SELECTIONS = {
+    "last position": (helper.make_node("Gather", ["logits", "last"], ["Z"], axis=1),
+                      {"last": np.array(-1, np.int64)}, lambda y: y[:, -1]),
+    "two positions": (helper.make_node("Gather", ["logits", "some"], ["Z"], axis=-2),
+                      {"some": np.array([[0, 3]], np.int64)}, lambda y: y[:, [[0, 3]]]),
+    "one sample": (helper.make_node("Gather", ["logits", "first"], ["Z"], axis=0),
+                   {"first": np.array([1], np.int64)}, lambda y: y[[1]]),
+    "slice of positions": (helper.make_node("Slice", ["logits", "starts", "ends", "axes"], ["Z"]),
+                           {"starts": np.array([-2], np.int64), "ends": np.array([2**62], np.int64),
+                            "axes": np.array([1], np.int64)}, lambda y: y[:, -2:]),
+}
+# selections that must not be reordered: the vocabulary axis (W's own), a product of two activations
+KEPT = {
+    "vocabulary axis": (helper.make_node("Gather", ["logits", "last"], ["Z"], axis=-1),
+                        {"last": np.array(-1, np.int64)}, lambda y: y[..., -1]),
+}
+
+
+def selected_shape(pick) -> list[int]:
+    return list(pick(np.zeros((BATCH, POSITIONS, VOCABULARY))).shape)
+
+
+def head_model(select: onnx.NodeProto, extra: dict[str, np.ndarray], pick, also_output_logits: bool = False,
+               opset: int = 18) -> onnx.ModelProto:
+    """X [batch, positions, hidden] -> Tanh(X W1) W2 = logits [batch, positions, vocabulary] -> Z, a selection."""
+    nodes = [helper.make_node("MatMul", ["X", "W1"], ["xw"]), helper.make_node("Tanh", ["xw"], ["hidden"]),
+             helper.make_node("MatMul", ["hidden", "W2"], ["logits"]), select]
+    outputs = [helper.make_tensor_value_info("Z", TensorProto.FLOAT, selected_shape(pick))]
+    if also_output_logits:
+        outputs.append(helper.make_tensor_value_info("logits", TensorProto.FLOAT, [BATCH, POSITIONS, VOCABULARY]))
+    graph = helper.make_graph(
+        nodes, "head", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [BATCH, POSITIONS, HIDDEN])],
+        outputs, [numpy_helper.from_array(v, k) for k, v in {**WEIGHTS, **extra}.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def compiled_text(engine: onnxtrain.Engine, feeds: dict, algorithm: int | None = None) -> str:
+    return engine.lower(feeds, algorithm).compile().as_text()
+
+
+@pytest.mark.parametrize("case", [*SELECTIONS, *KEPT])
+def test_inference_matches_the_reference(case):
+    select, extra, pick = {**SELECTIONS, **KEPT}[case]
+    ours, theirs = run_both(head_model(select, extra, pick), FEEDS)
+    assert ours[0].shape == theirs[0].shape
+    np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", SELECTIONS)
+def test_the_program_multiplies_only_the_selected_rows(case):
+    select, extra, pick = SELECTIONS[case]
+    engine = onnxtrain.load(head_model(select, extra, pick))
+    assert FULL_PRODUCT not in compiled_text(engine, FEEDS)
+
+
+def test_a_product_read_elsewhere_is_computed_whole_and_both_outputs_are_right():
+    select, extra, pick = SELECTIONS["last position"]
+    model = head_model(select, extra, pick, also_output_logits=True)
+    ours, theirs = run_both(model, FEEDS)
+    for mine, ref in zip(ours, theirs):
+        np.testing.assert_allclose(mine, ref, rtol=1e-5, atol=1e-6)
+    assert FULL_PRODUCT in compiled_text(onnxtrain.load(model), FEEDS)
+
+
+def torch_sgd(pick, steps: int, lr: float, target: np.ndarray) -> dict[str, np.ndarray]:
+    """The same model trained by torch.optim.SGD on MSE (mean), the reference for the engine's train steps."""
+    params = {k: torch.tensor(v, requires_grad=True) for k, v in WEIGHTS.items()}
+    optimizer = torch.optim.SGD(params.values(), lr=lr)
+    x, t = torch.tensor(FEEDS["X"]), torch.tensor(target)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        logits = torch.tanh(x @ params["W1"]) @ params["W2"]
+        torch.nn.functional.mse_loss(pick(logits), t).backward()
+        optimizer.step()
+    return {k: v.detach().numpy() for k, v in params.items()}
+
+
+@pytest.mark.parametrize("case", [*SELECTIONS, *KEPT])
+def test_training_matches_a_pytorch_loop(case):
+    select, extra, pick = {**SELECTIONS, **KEPT}[case]
+    model = head_model(select, extra, pick)
+    target = rand(*selected_shape(pick))
+    lr, steps = 0.1, 3
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=lr,
+                                                     trainable=list(WEIGHTS)))
+    feeds = {**FEEDS, "target": target}
+    for _ in range(steps):
+        engine.train_step(feeds)
+    expected = torch_sgd(pick, steps, lr, target)
+    for name, value in expected.items():
+        np.testing.assert_allclose(np.asarray(engine.state[name]), value, rtol=1e-5, atol=1e-6, err_msg=name)
+    if case in SELECTIONS:
+        assert FULL_PRODUCT not in compiled_text(engine, feeds, algorithm=0)
