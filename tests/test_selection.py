@@ -121,3 +121,105 @@ def test_training_matches_a_pytorch_loop(case):
         np.testing.assert_allclose(np.asarray(engine.state[name]), value, rtol=1e-5, atol=1e-6, err_msg=name)
     if case in SELECTIONS:
         assert FULL_PRODUCT not in compiled_text(engine, feeds, algorithm=0)
+
+
+# A transformer-like last layer: X -> a = LayerNorm(X W1) -> y = LayerNorm(a + Tanh(a W2)) -> logits = y W3; the
+# selection then reaches back to X (a is read twice, both inside what is computed on rows).
+LAYER_WEIGHTS = {"W1": rand(HIDDEN, INNER), "s1": rand(INNER), "b1": rand(INNER), "W2": rand(INNER, INNER),
+                 "s2": rand(INNER), "b2": rand(INNER), "W3": rand(INNER, VOCABULARY)}
+FIRST = {"first": np.array(0, np.int64)}
+
+
+def layer_model(extra_nodes=(), extra_weights=None, extra_outputs=(), norm_axis: int = -1,
+                select=None, selected: tuple[int, ...] = (BATCH, VOCABULARY), opset: int = 18) -> onnx.ModelProto:
+    n = helper.make_node
+    nodes = [n("MatMul", ["X", "W1"], ["xw"]),
+             n("LayerNormalization", ["xw", "s1", "b1"], ["a"], axis=-1),
+             n("MatMul", ["a", "W2"], ["f"]), n("Tanh", ["f"], ["g"]), n("Add", ["a", "g"], ["r"]),
+             *extra_nodes,
+             n("LayerNormalization", ["r", "s2", "b2"], ["y"], axis=norm_axis),
+             n("MatMul", ["y", "W3"], ["logits"]),
+             select or n("Gather", ["logits", "first"], ["Z"], axis=1)]
+    outputs = [helper.make_tensor_value_info("Z", TensorProto.FLOAT, list(selected))]
+    outputs += [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in extra_outputs]
+    weights = {**LAYER_WEIGHTS, **FIRST, **(extra_weights or {})}
+    graph = helper.make_graph(
+        nodes, "layer", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [BATCH, POSITIONS, HIDDEN])],
+        outputs, [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def assert_matches_reference(model: onnx.ModelProto) -> None:
+    ours, theirs = run_both(model, FEEDS)
+    for mine, ref in zip(ours, theirs):
+        assert mine.shape == ref.shape
+        np.testing.assert_allclose(mine, ref, rtol=1e-4, atol=1e-5)
+
+
+def full(width: int) -> str:
+    """An HLO shape of a whole [batch * positions, width] product."""
+    return f"f32[{BATCH * POSITIONS},{width}]"
+
+
+def test_a_last_layer_is_computed_on_the_selected_rows_only():
+    model = layer_model()
+    assert_matches_reference(model)
+    text = compiled_text(onnxtrain.load(model), FEEDS)
+    assert not any(full(width) in text for width in (INNER, VOCABULARY))
+
+
+def test_a_last_layer_trains_as_a_pytorch_loop():
+    lr, steps = 0.1, 3
+    engine = onnxtrain.load(onnxtrain.make_trainable(layer_model(), loss="mse", optimizer="sgd", learning_rate=lr,
+                                                     trainable=list(LAYER_WEIGHTS)))
+    target = rand(BATCH, VOCABULARY)
+    feeds = {**FEEDS, "target": target}
+    for _ in range(steps):
+        engine.train_step(feeds)
+    params = {k: torch.tensor(v, requires_grad=True) for k, v in LAYER_WEIGHTS.items()}
+    optimizer = torch.optim.SGD(params.values(), lr=lr)
+    norm = torch.nn.functional.layer_norm
+    for _ in range(steps):
+        optimizer.zero_grad()
+        p = params
+        a = norm(torch.tensor(FEEDS["X"]) @ p["W1"], (INNER,), p["s1"], p["b1"])
+        y = norm(a + torch.tanh(a @ p["W2"]), (INNER,), p["s2"], p["b2"])
+        torch.nn.functional.mse_loss((y @ p["W3"])[:, 0], torch.tensor(target)).backward()
+        optimizer.step()
+    for name, value in params.items():
+        np.testing.assert_allclose(np.asarray(engine.state[name]), value.detach().numpy(), rtol=1e-4, atol=1e-5,
+                                   err_msg=name)
+    assert full(INNER) not in compiled_text(engine, feeds, algorithm=0)
+
+
+def test_a_value_read_outside_is_computed_whole_and_selected_where_it_stands():
+    # `a` is also summed by another node: it is computed whole (and the product before it), then selected
+    model = layer_model([helper.make_node("ReduceSum", ["a"], ["side"])], extra_outputs=[("side", [1, 1, 1])])
+    assert_matches_reference(model)
+    assert full(INNER) in compiled_text(onnxtrain.load(model), FEEDS)
+
+
+@pytest.mark.parametrize("case", ["positions broadcast", "size-1 broadcast", "normalized from a positive axis"])
+def test_ops_that_do_not_take_rows_alone_stop_the_selection_with_the_same_numbers(case):
+    n = helper.make_node
+    if case == "positions broadcast":  # [positions, inner] added to [batch, positions, inner]: it reaches the axis
+        model = layer_model([n("Add", ["r", "P"], ["rp"]), n("Identity", ["rp"], ["r2"])],
+                            {"P": rand(POSITIONS, INNER)})
+    elif case == "size-1 broadcast":  # a [1, 1, inner] operand of the same rank
+        model = layer_model([n("Mul", ["r", "S"], ["rp"])], {"S": rand(1, 1, INNER)})
+    else:  # LayerNormalization axis=2 counts from the front: a scalar Gather's rows have one axis fewer
+        model = layer_model(norm_axis=2)
+    if case != "normalized from a positive axis":  # the block's output goes on from the extra node's
+        graph = model.graph
+        for node in graph.node:
+            if node.op_type == "LayerNormalization" and node.input[0] == "r":
+                node.input[0] = "r2" if case == "positions broadcast" else "rp"
+    assert_matches_reference(model)
+
+
+def test_a_positive_normalization_axis_still_takes_rows_that_keep_their_rank():
+    select = helper.make_node("Gather", ["logits", "some"], ["Z"], axis=1)
+    model = layer_model(norm_axis=2, select=select, selected=(BATCH, 2, VOCABULARY),
+                        extra_weights={"some": np.array([0, 3], np.int64)})
+    assert_matches_reference(model)
+    assert full(INNER) not in compiled_text(onnxtrain.load(model), FEEDS)

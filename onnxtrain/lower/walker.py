@@ -21,7 +21,7 @@ from .build import Resolver, build_node, raise_if_missing
 from .layout import channels_first, channels_first_results
 from .constants import hoisting, with_hoisted
 from .registry import schema_for
-from .selection import reordering
+from .selection import Plan, plan
 from .typecheck import check_node
 from .values import Value, is_static, static_evaluation, to_static
 
@@ -170,14 +170,30 @@ def run_node(node: "Node", scope: Scope, trace: TraceContext, siblings: Sequence
 def call_reordered(
     node: "Node", args: list[Value], scope: Scope, trace: TraceContext, siblings: Sequence["Node"], position: int
 ) -> Any:
-    """The node's results, a selection of rows computed before the product it selects from where it can be
-    (lower/selection.py)."""
-    plan = reordering(node, args, scope.raw, siblings, position)
-    if plan is None:
+    """The node's results; a selection of rows computed from the rows of the values it selects from where it
+    can be (lower/selection.py)."""
+    found = plan(node, args, scope.raw, siblings, position)
+    if found is None:
         return call_node(node, args, scope, trace, siblings, position)
-    x, w = (scope.raw(name) for name in plan.product.inputs)
-    rows = call_node(node, [x, *args[1:]], scope, trace, siblings, position)
-    return call_node(plan.product, [rows, w], scope, trace, siblings, plan.position)
+    return on_rows(found, node.inputs[0], scope, trace, siblings, {})
+
+
+def on_rows(found: Plan, name: str, scope: Scope, trace: TraceContext, siblings: Sequence["Node"],
+            done: dict[str, Value]) -> Value:
+    """The selected rows of value `name`: computed by its producer from its inputs' rows inside the plan's region,
+    the selection node applied to the whole value outside it."""
+    if name not in done:
+        producer = found.region.get(name)
+        if producer is None:
+            selection = found.selection
+            done[name] = call_node(selection.node, [scope.raw(name), *selection.args[1:]], scope, trace, siblings,
+                                   found.position)
+        else:
+            inputs = [on_rows(found, n, scope, trace, siblings, done) if i in producer.rows
+                      else scope.raw(n) if n else None for i, n in enumerate(producer.node.inputs)]
+            result = call_node(producer.node, inputs, scope, trace, siblings, producer.position)
+            done[name] = result[0] if isinstance(result, tuple) else result
+    return done[name]
 
 
 def value_name_of(node: "Node", formal_input: str) -> str | None:
