@@ -223,3 +223,57 @@ def test_a_positive_normalization_axis_still_takes_rows_that_keep_their_rank():
                         extra_weights={"some": np.array([0, 3], np.int64)})
     assert_matches_reference(model)
     assert full(INNER) not in compiled_text(onnxtrain.load(model), FEEDS)
+
+
+# GPT-2's and T5's forms: a Conv1D as Reshape to rows, Gemm, Reshape back; an RMS norm (ReduceMean over the last
+# axis) with its weight as the first operand of Mul
+RMS_WEIGHTS = {"W1": rand(HIDDEN, INNER), "c1": rand(INNER), "scale": rand(INNER), "W3": rand(INNER, VOCABULARY)}
+
+
+def rms_model() -> onnx.ModelProto:
+    n = helper.make_node
+    nodes = [n("Reshape", ["X", "rows_shape"], ["flat"]), n("Gemm", ["flat", "W1", "c1"], ["mm"]),
+             n("Reshape", ["mm", "back_shape"], ["h"]), n("Pow", ["h", "two"], ["sq"]),
+             n("ReduceMean", ["sq", "last_axis"], ["ms"], keepdims=1), n("Add", ["ms", "eps"], ["mse"]),
+             n("Sqrt", ["mse"], ["rms"]), n("Reciprocal", ["rms"], ["inv"]), n("Mul", ["h", "inv"], ["normed"]),
+             n("Mul", ["scale", "normed"], ["y"]), n("MatMul", ["y", "W3"], ["logits"]),
+             n("Gather", ["logits", "last"], ["Z"], axis=1)]
+    weights = {**RMS_WEIGHTS, "rows_shape": np.array([-1, HIDDEN], np.int64),
+               "back_shape": np.array([BATCH, POSITIONS, INNER], np.int64), "two": np.array(2.0, np.float32),
+               "last_axis": np.array([-1], np.int64), "eps": np.array(1e-6, np.float32),
+               "last": np.array(-1, np.int64)}
+    graph = helper.make_graph(
+        nodes, "rms", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [BATCH, POSITIONS, HIDDEN])],
+        [helper.make_tensor_value_info("Z", TensorProto.FLOAT, [BATCH, VOCABULARY])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_rows_are_followed_through_reshapes_gemm_and_a_reduction():
+    model = rms_model()
+    assert_matches_reference(model)
+    text = compiled_text(onnxtrain.load(model), FEEDS)
+    assert not any(full(width) in text for width in (INNER, VOCABULARY))
+
+
+def test_the_rms_model_trains_as_a_pytorch_loop():
+    lr, steps = 0.1, 3
+    engine = onnxtrain.load(onnxtrain.make_trainable(rms_model(), loss="mse", optimizer="sgd", learning_rate=lr,
+                                                     trainable=list(RMS_WEIGHTS)))
+    target = rand(BATCH, VOCABULARY)
+    feeds = {**FEEDS, "target": target}
+    for _ in range(steps):
+        engine.train_step(feeds)
+    params = {k: torch.tensor(v, requires_grad=True) for k, v in RMS_WEIGHTS.items()}
+    optimizer = torch.optim.SGD(params.values(), lr=lr)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        p = params
+        h = (torch.tensor(FEEDS["X"]).reshape(-1, HIDDEN) @ p["W1"] + p["c1"]).reshape(BATCH, POSITIONS, INNER)
+        y = p["scale"] * (h / torch.sqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
+        torch.nn.functional.mse_loss((y @ p["W3"])[:, -1], torch.tensor(target)).backward()
+        optimizer.step()
+    for name, value in params.items():
+        np.testing.assert_allclose(np.asarray(engine.state[name]), value.detach().numpy(), rtol=1e-4, atol=1e-5,
+                                   err_msg=name)
+    assert full(INNER) not in compiled_text(engine, feeds, algorithm=0)

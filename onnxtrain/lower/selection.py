@@ -1,6 +1,7 @@
 """Row selections taken before the row-wise ops that make the rows: a Gather or Slice along non-last axes of a
-MatMul's, an elementwise op's or a last-axis normalization's result is computed from the selected rows of its
-inputs, back as far as only those ops read the values.
+value computed by matrix products, elementwise ops, normalizations or reductions over the last axes, and
+reshapes that keep the rows, is computed from the selected rows of their inputs, back as far as only those ops
+read the values.
 
 A language model's head multiplies every position's hidden state by a vocabulary-sized weight, and a model that
 keeps some positions only (`logits[:, -1]`: next-token prediction, last-token classification; BERT's pooler
@@ -12,21 +13,30 @@ fraction of the work, and autodiff of the smaller computation gives the gradient
 transformer layer, the selection stops where a value is also read by a node outside the selected computation
 (the keys and values of an attention read every position): that value is computed whole and selected.
 
+Rows are counted over the selection's leading axes (up to its last selected one): `count` rows in row-major
+order, of which it takes `index`. Any value whose leading axes hold `count` rows (a reshape from [batch,
+positions, width] to [batch * positions, width] keeps them) is carried as [taken rows, *trailing axes] while
+computed on rows; the ops' axis attributes are counted from the end for that.
+
 The graph's own nodes still run as written, so any reader the walker does not see (a subgraph, a graph output)
 gets the whole values; when the selection was their only reader, XLA drops them as dead code.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 from ..ir import Node
 from .layout import ELEMENTWISE, Reordered
 from .values import Value, is_static
+
+Run = Callable[[Node, list, int], Any]  # call a node (with these inputs, at this position among its siblings)
 
 
 def _gather_axes(node: Node, args: Sequence[Value]) -> list[int] | None:
@@ -39,124 +49,176 @@ def _slice_axes(node: Node, args: Sequence[Value]) -> list[int] | None:
         return list(axes) if axes is not None else list(range(len(starts)))
     axes = args[3] if len(args) > 3 else None
     if axes is None:
-        return list(range(int(np.shape(args[1])[0]))) if is_static(args[1]) and np.ndim(args[1]) == 1 else None
-    return [int(a) for a in np.ravel(axes)] if is_static(axes) else None
+        return list(range(int(np.shape(args[1])[0]))) if np.ndim(args[1]) == 1 else None
+    return [int(a) for a in np.ravel(axes)]
 
 
-# selection op -> the axes of its data input it selects along (None: not known at trace time)
+# selection op -> the axes of its data input it selects along
 SELECTIONS: dict[str, Callable[[Node, Sequence[Value]], list[int] | None]] = {
     "Gather": _gather_axes,
     "Slice": _slice_axes,
 }
-# row-wise ops that are not registered as elementwise (registry.register's flag), each with the inputs that
-# carry rows (None: every input, broadcasting as elementwise operands do)
+# row-wise ops besides those registered as elementwise (registry.register's flag): op -> its inputs that carry
+# rows (None: every input, broadcasting as elementwise operands do); the others are used as they are
 ROW_WISE: dict[str, tuple[int, ...] | None] = {
     "Cast": None, "Identity": None, "Where": None,
-    "MatMul": (0,),  # with a matrix W: W's own axis is the last
-    "LayerNormalization": (0,), "Softmax": (0,), "LogSoftmax": (0,),  # over the last axes: their `axis` attribute
+    "MatMul": (0,), "Gemm": (0, 2),  # with a matrix W; Gemm's C where it has a row per row of A
+    "LayerNormalization": (0,), "Softmax": (0,), "LogSoftmax": (0,),  # over trailing axes: their `axis`
+    "ReduceMean": (0,), "ReduceSum": (0,), "ReduceMax": (0,), "ReduceMin": (0,),  # over trailing axes
+    "Reshape": (0,),  # keeping the rows: the rows' trailing axes take the result's shape
 }
 NORMALIZED_FROM = {"LayerNormalization": -1, "Softmax": -1, "LogSoftmax": -1}  # the `axis` default of today's ops
+REDUCTIONS = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin")
 
 
 @dataclass(frozen=True)
 class Selection:
-    """The rows to take: `node` (a Gather or Slice, its inputs `args`) along `axes` of a rank-`rank` value."""
+    """`index`: the rows a Gather or Slice takes out of the `count` rows of its data's leading axes; `shape`: the
+    shape of what it selects."""
 
-    node: Node
-    args: tuple[Value, ...]
-    axes: tuple[int, ...]  # non-negative, all before the last axis
-    rank: int
-    keeps_rank: bool  # a Gather of scalar or multi-dimensional indices changes the rank of what it selects
+    count: int
+    index: np.ndarray
+    shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)
-class Producer:
+class Step:
+    """A producer in the region: run on rows, with `node`'s axis attributes counted from the end."""
+
     node: Node
     position: int  # among the siblings
-    rows: tuple[int, ...]  # its inputs that carry the selected rows
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The values to compute on the selected rows, with their producers; every other row-carrying input of those
-    producers is selected where it stands (by the selection node, at `position`)."""
-
-    selection: Selection
-    position: int
-    region: dict[str, Producer]
-
-
-def selection_of(node: Node, args: Sequence[Value]) -> Selection | None:
-    select_axes = SELECTIONS.get(node.op_type) if not node.domain else None
-    if select_axes is None or not args or not traced_array(args[0]):
-        return None
-    rank = args[0].ndim
-    axes = select_axes(node, args)
-    if axes is None or not all(-rank <= a < rank for a in axes):
-        return None
-    axes = sorted({a % rank for a in axes})
-    if not axes or axes[-1] >= rank - 1:  # the last axis is a product's or a normalization's own
-        return None
-    keeps_rank = node.op_type != "Gather" or np.ndim(args[1]) == 1
-    return Selection(node, tuple(args), tuple(axes), rank, keeps_rank)
+    rows: tuple[int, ...]  # its inputs given as rows
+    inputs: dict[int, Any] = field(default_factory=dict)  # inputs replaced (reduction axes counted from the end)
+    reshape: tuple[int, ...] | None = None  # a Reshape's: the rows' trailing shape (the node itself is not run)
 
 
 def traced_array(value: Value) -> bool:
     return hasattr(value, "ndim") and not isinstance(value, Reordered) and not is_static(value)
 
 
-def carried(value: Value, selection: Selection, shape: Sequence[int]) -> bool | None:
-    """Whether an input of a row-wise op carries the selected rows (True), broadcasts over them unchanged (False:
-    it lies within the axes after the selected ones), or neither (None: the op cannot be computed on rows)."""
-    rank = np.ndim(value)
-    if rank == selection.rank and all(np.shape(value)[a] == shape[a] for a in selection.axes):
-        return True
-    if rank <= selection.rank - 1 - selection.axes[-1]:
-        return False
+def leading_axes(shape: Sequence[int], count: int) -> int | None:
+    """The fewest leading axes of `shape` that hold `count` rows, or None."""
+    for p in range(1, len(shape) + 1):
+        if math.prod(shape[:p]) == count:
+            return p
     return None
 
 
-def row_inputs(node: Node, selection: Selection, read: Callable[[str], Value]) -> tuple[int, ...] | None:
-    """The inputs of `node` that carry the selected rows when its output can be computed from them alone;
-    None when it cannot."""
-    if node.domain or sum(1 for o in node.outputs if o) != 1 or not node.outputs[0] or node.impl is None:
+def selection_of(node: Node, args: Sequence[Value], run: Run, position: int) -> Selection | None:
+    """What `node` selects, when it is a Gather or Slice along non-last axes, with static indices, of a traced
+    value, and takes fewer rows than there are."""
+    select_axes = SELECTIONS.get(node.op_type) if not node.domain else None
+    if select_axes is None or not args or not traced_array(args[0]) or not is_static(*args[1:]):
         return None
-    elementwise = node.impl.layout == ELEMENTWISE or (node.op_type in ROW_WISE and ROW_WISE[node.op_type] is None)
-    if not elementwise and node.op_type not in ROW_WISE:
+    shape = tuple(args[0].shape)
+    axes = select_axes(node, args)
+    if not axes or not all(-len(shape) <= a < len(shape) for a in axes):
         return None
-    output = read(node.outputs[0])
-    if not traced_array(output) or output.ndim != selection.rank:
+    last = max(a % len(shape) for a in axes)
+    if last >= len(shape) - 1:  # the last axis is a product's or a normalization's own
         return None
-    if node.op_type == "MatMul" and np.ndim(read(node.inputs[1])) != 2:
+    trailing = len(shape) - last - 1
+    count = math.prod(shape[: last + 1])
+    # the node itself, on the row numbers, says which rows it takes (negative indices, steps, errors as its own)
+    rows = np.arange(count, dtype=np.int64).reshape(shape[: last + 1] + (1,) * trailing)
+    taken = np.asarray(run(node, [rows, *args[1:]], position))
+    if taken.size >= count:
         return None
-    if node.op_type in NORMALIZED_FROM:
-        axis = int(node.attributes.get("axis", NORMALIZED_FROM[node.op_type]))
-        if axis % selection.rank <= selection.axes[-1] or (axis >= 0 and not selection.keeps_rank):
+    return Selection(count, taken.reshape(-1), taken.shape[: taken.ndim - trailing] + shape[last + 1:])
+
+
+def row_wise(node: Node) -> bool:
+    """Whether `node`'s op is one of the row-wise ones (whether its inputs make it so, step_of says)."""
+    if node.domain or node.impl is None or not node.outputs[0] or any(node.outputs[1:]):
+        return False
+    return node.impl.layout == ELEMENTWISE or node.op_type in ROW_WISE
+
+
+def step_of(node: Node, position: int, selection: Selection, read: Callable[[str], Value]) -> Step | None:
+    """How `node` computes its result's selected rows from rows of its inputs; None when it cannot."""
+    if not row_wise(node):
+        return None
+    elementwise = node.op_type not in ROW_WISE or ROW_WISE[node.op_type] is None
+    out = read(node.outputs[0])
+    p = leading_axes(out.shape, selection.count) if traced_array(out) else None
+    if p is None:
+        return None
+    shape, rank = tuple(out.shape), out.ndim
+    op, inputs = node.op_type, [read(n) if n else None for n in node.inputs]
+    if op == "Reshape":
+        return Step(node, position, (0,), reshape=shape[p:]) if leading_axes(inputs[0].shape, selection.count) \
+            else None
+    if (op == "MatMul" and (np.ndim(inputs[1]) != 2 or p >= rank)) or \
+            (op == "Gemm" and (p != 1 or node.attributes.get("transA", 0))):
+        return None
+    attributes, replaced = node.attributes, {}
+    if op in NORMALIZED_FROM:
+        axis = int(attributes.get("axis", NORMALIZED_FROM[op])) % rank
+        if axis < p:
             return None
-    carriers = range(len(node.inputs)) if elementwise else ROW_WISE[node.op_type]
+        attributes = {**attributes, "axis": axis - rank}
+    if op in REDUCTIONS:
+        axes, rank_in = reduced_axes(node, inputs), inputs[0].ndim
+        if not axes or min(a % rank_in for a in axes) < p:
+            return None
+        from_end = [a % rank_in - rank_in for a in axes]
+        if "axes" in attributes:
+            attributes = {**attributes, "axes": from_end}
+        else:
+            replaced[1] = np.array(from_end, np.int64)
+    carriers = range(len(inputs)) if elementwise else ROW_WISE[op]
     rows = []
-    for i, name in enumerate(node.inputs):
-        if not name:
+    for i, value in enumerate(inputs):
+        if value is None or i in replaced:
             continue
-        kind = carried(read(name), selection, output.shape) if i in carriers else False
-        if kind is None or (kind and not traced_array(read(name))):
-            return None
-        if kind:
+        vshape = tuple(np.shape(value))
+        if i in carriers and vshape[:p] == shape[:p] and (len(vshape) == rank or not elementwise):
             rows.append(i)
-    return tuple(rows) or None
+        elif elementwise and len(vshape) > rank - p:  # an operand reaching the rows broadcasts over them only
+            if any(d != 1 for d in vshape[: len(vshape) - (rank - p)]):  # as ones: dropped to its trailing axes
+                return None
+            replaced[i] = (np if is_static(value) else jnp).reshape(value, vshape[len(vshape) - (rank - p):])
+        elif not elementwise and i == 0:  # the rows of a product or a normalization
+            return None
+    if not rows:
+        return None
+    changed = replace(node, attributes=attributes) if attributes is not node.attributes else node
+    return Step(changed, position, tuple(rows), replaced)
+
+
+def reduced_axes(node: Node, inputs: Sequence[Value]) -> list[int] | None:
+    """A reduction's axes when known at trace time (an attribute before opset 18, ReduceSum's 13; else input 1)."""
+    if "axes" in node.attributes:
+        return list(node.attributes["axes"] or [])
+    if len(inputs) > 1 and inputs[1] is not None and is_static(inputs[1]):
+        return [int(a) for a in np.ravel(inputs[1])]
+    return None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The values to compute on the selected rows, with their producers; every other row-carrying input of those
+    producers is selected where it stands."""
+
+    selection: Selection
+    start: str
+    region: dict[str, Step]
 
 
 def plan(node: Node, args: Sequence[Value], read: Callable[[str], Value], siblings: Sequence[Node],
-         position: int) -> Plan | None:
+         position: int, run: Run) -> Plan | None:
     """How to compute `node` (input values `args`; `read` gives any value of its scope) from the rows it selects,
     when it selects rows of a row-wise op's result that nothing else among `siblings` reads; None otherwise."""
-    selection = selection_of(node, args)
-    if selection is None:
+    if node.op_type not in SELECTIONS or node.domain or not args or not traced_array(args[0]):
+        return None
+    start = node.inputs[0]
+    first = next((i for i in range(position - 1, -1, -1) if start in siblings[i].outputs), None)
+    if first is None or not row_wise(siblings[first]):
+        return None
+    selection = selection_of(node, args, run, position)
+    if selection is None or step_of(siblings[first], first, selection, read) is None:
         return None
     made = {o: i for i in range(position) for o in siblings[i].outputs if o}
-    start = node.inputs[0]
-    if start not in made or row_inputs(siblings[made[start]], selection, read) is None:
-        return None
     readers: dict[str, set[int]] = defaultdict(set)
     for i, sibling in enumerate(siblings):
         for name in sibling.inputs:
@@ -164,29 +226,52 @@ def plan(node: Node, args: Sequence[Value], read: Callable[[str], Value], siblin
     if readers[start] != {position}:
         return None
     # grow: every row-wise producer reachable through row-carrying inputs
-    region: dict[str, Producer] = {}
+    region: dict[str, Step] = {}
     pending = [start]
     while pending:
         name = pending.pop()
         if name in region or name not in made:
             continue
-        producer = siblings[made[name]]
-        rows = row_inputs(producer, selection, read)
-        if rows is not None:
-            region[name] = Producer(producer, made[name], rows)
-            pending.extend(producer.inputs[i] for i in rows)
+        step = step_of(siblings[made[name]], made[name], selection, read)
+        if step is not None:
+            region[name] = step
+            pending.extend(step.node.inputs[i] for i in step.rows)
     # shrink: a value read by a node outside the region is computed whole anyway, so it is selected where it
     # stands (and what only it led to drops out)
     while True:
-        inside = {position} | {p.position for p in region.values()}
+        inside = {position} | {step.position for step in region.values()}
         kept = {n for n in region if n == start or readers[n] <= inside}
         reachable, pending = set(), [start]
         while pending:
             name = pending.pop()
             if name in kept and name not in reachable:
                 reachable.add(name)
-                producer = region[name]
-                pending.extend(producer.node.inputs[i] for i in producer.rows)
+                pending.extend(region[name].node.inputs[i] for i in region[name].rows)
         if reachable == set(region):
-            return Plan(selection, position, region)
+            return Plan(selection, start, region)
         region = {n: region[n] for n in reachable}
+
+
+def computed(found: Plan, read: Callable[[str], Value], run: Run) -> Value:
+    """The selection's result, computed on rows as `found` plans (`read` gives a value as the model sees it)."""
+    selection, done = found.selection, {}
+
+    def rows(name: str) -> Value:
+        if name not in done:
+            step = found.region.get(name)
+            if step is None:  # selected where it stands
+                value = read(name)
+                p = leading_axes(np.shape(value), selection.count)
+                xp = np if is_static(value) else jnp
+                flat = xp.reshape(value, (selection.count, *np.shape(value)[p:]))
+                done[name] = xp.take(flat, selection.index, axis=0)
+            elif step.reshape is not None:
+                done[name] = jnp.reshape(rows(step.node.inputs[0]), (selection.index.size, *step.reshape))
+            else:
+                inputs = [rows(n) if i in step.rows else step.inputs[i] if i in step.inputs else read(n) if n else None
+                          for i, n in enumerate(step.node.inputs)]
+                result = run(step.node, inputs, step.position)
+                done[name] = result[0] if isinstance(result, tuple) else result
+        return done[name]
+
+    return jnp.reshape(rows(found.start), selection.shape)

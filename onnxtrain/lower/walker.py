@@ -21,7 +21,7 @@ from .build import Resolver, build_node, raise_if_missing
 from .layout import channels_first, channels_first_results
 from .constants import hoisting, with_hoisted
 from .registry import schema_for
-from .selection import Plan, plan
+from .selection import computed, plan
 from .typecheck import check_node
 from .values import Value, is_static, static_evaluation, to_static
 
@@ -172,28 +172,14 @@ def call_reordered(
 ) -> Any:
     """The node's results; a selection of rows computed from the rows of the values it selects from where it
     can be (lower/selection.py)."""
-    found = plan(node, args, scope.raw, siblings, position)
+
+    def run(other: "Node", inputs: list, at: int) -> Any:
+        return call_node(other, inputs, scope, trace, siblings, at)
+
+    found = plan(node, args, scope.raw, siblings, position, run)
     if found is None:
         return call_node(node, args, scope, trace, siblings, position)
-    return on_rows(found, node.inputs[0], scope, trace, siblings, {})
-
-
-def on_rows(found: Plan, name: str, scope: Scope, trace: TraceContext, siblings: Sequence["Node"],
-            done: dict[str, Value]) -> Value:
-    """The selected rows of value `name`: computed by its producer from its inputs' rows inside the plan's region,
-    the selection node applied to the whole value outside it."""
-    if name not in done:
-        producer = found.region.get(name)
-        if producer is None:
-            selection = found.selection
-            done[name] = call_node(selection.node, [scope.raw(name), *selection.args[1:]], scope, trace, siblings,
-                                   found.position)
-        else:
-            inputs = [on_rows(found, n, scope, trace, siblings, done) if i in producer.rows
-                      else scope.raw(n) if n else None for i, n in enumerate(producer.node.inputs)]
-            result = call_node(producer.node, inputs, scope, trace, siblings, producer.position)
-            done[name] = result[0] if isinstance(result, tuple) else result
-    return done[name]
+    return computed(found, scope.__getitem__, run)
 
 
 def value_name_of(node: "Node", formal_input: str) -> str | None:
