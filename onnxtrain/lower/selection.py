@@ -139,12 +139,15 @@ def step_of(node: Node, position: int, selection: Selection, read: Callable[[str
     if not row_wise(node):
         return None
     elementwise = node.op_type not in ROW_WISE or ROW_WISE[node.op_type] is None
-    out = read(node.outputs[0])
+    try:  # a value `read` does not give (beyond a sealed scope) stops the selection
+        out = read(node.outputs[0])
+        inputs = [read(n) if n else None for n in node.inputs]
+    except KeyError:
+        return None
     p = leading_axes(out.shape, selection.count) if traced_array(out) else None
     if p is None:
         return None
-    shape, rank = tuple(out.shape), out.ndim
-    op, inputs = node.op_type, [read(n) if n else None for n in node.inputs]
+    shape, rank, op = tuple(out.shape), out.ndim, node.op_type
     if op == "Reshape":
         return Step(node, position, (0,), reshape=shape[p:]) if leading_axes(inputs[0].shape, selection.count) \
             else None

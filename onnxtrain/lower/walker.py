@@ -29,9 +29,12 @@ from .values import Value, is_static, static_evaluation, to_static
 class Scope:
     """name -> value, falling back to the enclosing graph's scope (ONNX outer-scope name resolution)."""
 
-    def __init__(self, values: dict[str, Value] | None = None, parent: "Scope | None" = None):
+    def __init__(self, values: dict[str, Value] | None = None, parent: "Scope | None" = None, sealed: bool = False):
         self.values: dict[str, Value] = dict(values or {})
         self.parent = parent
+        # a function JAX must not see close over traced values (a custom_vjp's): the enclosing scopes' traced
+        # values reach it only as its inputs, which are in this scope
+        self.sealed = sealed
 
     def __getitem__(self, name: str) -> Value:
         """The value as the model sees it (a channels-last activation transposed back)."""
@@ -43,6 +46,18 @@ class Scope:
         while scope is not None:
             if name in scope.values:
                 return scope.values[name]
+            scope = scope.parent
+        raise KeyError(name)
+
+    def visible(self, name: str) -> Value:
+        """The value as stored, when a node of this scope could read it without its being an input of a sealed
+        scope between: a trace-time choice (lower/selection.py) may read values no node of its own reads."""
+        scope: Scope | None = self
+        sealed = False
+        while scope is not None:
+            if name in scope.values and not (sealed and not is_static(scope.values[name])):
+                return scope.values[name]
+            sealed = sealed or scope.sealed
             scope = scope.parent
         raise KeyError(name)
 
@@ -176,10 +191,10 @@ def call_reordered(
     def run(other: "Node", inputs: list, at: int) -> Any:
         return call_node(other, inputs, scope, trace, siblings, at)
 
-    found = plan(node, args, scope.raw, siblings, position, run)
+    found = plan(node, args, scope.visible, siblings, position, run)
     if found is None:
         return call_node(node, args, scope, trace, siblings, position)
-    return computed(found, scope.__getitem__, run)
+    return computed(found, lambda name: channels_first(scope.visible(name)), run)
 
 
 def value_name_of(node: "Node", formal_input: str) -> str | None:

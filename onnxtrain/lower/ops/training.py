@@ -217,7 +217,7 @@ def run_segment(ctx: NodeContext, segment: list[int], scope: Scope) -> None:
     static: dict[str, object] = {}
 
     def run(inputs: dict) -> dict:
-        inner = Scope(dict(inputs), scope)
+        inner = Scope(dict(inputs), scope, sealed=True)
         for i in segment:
             run_node(ctx.siblings[i], inner, ctx.trace, ctx.siblings, i)
         computed = {n: v for n, v in inner.values.items() if n not in inputs}
