@@ -22,6 +22,7 @@ from .layout import channels_first, channels_first_results
 from .constants import hoisting, with_hoisted
 from .registry import schema_for
 from .selection import computed, plan
+from .sparse_update import SparseRows, sgd_rows
 from .typecheck import check_node
 from .values import Value, is_static, static_evaluation, to_static
 
@@ -91,6 +92,8 @@ class TraceContext:
     draws: Draws = field(default_factory=Draws)
     mixed_precision: MixedPrecision | None = None  # load's option: the products' compute type (lower/autocast.py)
     remat: bool | str = False  # load's option: what Gradient recomputes of its forward slice (ops/training.py)
+    # a Gradient output (value name) that is a lookup table's gradient -> its rows (lower/sparse_update.py)
+    sparse_gradients: dict[str, SparseRows] = field(default_factory=dict)
 
 
 @dataclass
@@ -185,16 +188,18 @@ def run_node(node: "Node", scope: Scope, trace: TraceContext, siblings: Sequence
 def call_reordered(
     node: "Node", args: list[Value], scope: Scope, trace: TraceContext, siblings: Sequence["Node"], position: int
 ) -> Any:
-    """The node's results; a selection of rows computed from the rows of the values it selects from where it
-    can be (lower/selection.py)."""
+    """The node's results; a selection of rows computed from the rows of the values it selects from
+    (lower/selection.py), and SGD's update of a lookup table on the rows looked up (lower/sparse_update.py),
+    where they can be."""
 
     def run(other: "Node", inputs: list, at: int) -> Any:
         return call_node(other, inputs, scope, trace, siblings, at)
 
     found = plan(node, args, scope.visible, siblings, position, run)
-    if found is None:
-        return call_node(node, args, scope, trace, siblings, position)
-    return computed(found, lambda name: channels_first(scope.visible(name)), run)
+    if found is not None:
+        return computed(found, lambda name: channels_first(scope.visible(name)), run)
+    rows = sgd_rows(node, args, trace.sparse_gradients, scope.visible, siblings, position)
+    return call_node(node, args, scope, trace, siblings, position) if rows is None else rows
 
 
 def value_name_of(node: "Node", formal_input: str) -> str | None:

@@ -13,6 +13,7 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from ...dtypes import is_float
 from ...errors import NodeError
 from ...ir import Graph
+from ..sparse_update import SparseRows, lookups, tapped
 from ..walker import NodeContext, Scope, run_node
 from ..registry import TRAINING_DOMAIN, op
 from ..values import is_static
@@ -72,8 +73,12 @@ def gradient(*inputs, xs: Sequence[str], y: str, zs: Sequence[str] = (), ctx: No
     if y not in xs and not any(y in ctx.siblings[i].outputs for i in positions):
         raise NodeError(f"{ctx.node.label}: y={y!r} is not computed from xs={xs} / zs={zs}")
     z_values = dict(zip(zs, inputs[len(xs):]))
+    # float16 products: the backward pass seeded with the loss scale keeps their gradients above float16's
+    # underflow; unscaled in float32 (a power of two by default, so exactly). lower/autocast.py says why static.
+    scale = ctx.trace.mixed_precision.loss_scale if ctx.trace.mixed_precision else 1.0
+    tables = table_lookups(ctx, positions, xs) if not ctx.trace.remat and scale == 1.0 else {}
 
-    def y_of(x_values: list):
+    def y_of(x_values: list, taps: dict):
         scope = Scope({**dict(zip(xs, x_values)), **z_values}, ctx.scope)
         attention = ctx.trace.remat == "attention"
         if ctx.trace.remat and not attention:
@@ -87,22 +92,43 @@ def gradient(*inputs, xs: Sequence[str], y: str, zs: Sequence[str] = (), ctx: No
                     run_segment(ctx, regions[i], scope)
                 elif i not in inside:
                     run_node(ctx.siblings[i], scope, ctx.trace, ctx.siblings, i)
+                    if i in taps:  # a lookup of a table: its rows' gradient is taken too
+                        looked_up = ctx.siblings[i].outputs[0]
+                        scope[looked_up] = tapped(scope[looked_up], taps[i])
         traced = {name: v for name, v in scope.values.items() if name not in xs and not is_static(v)}
         return jnp.sum(scope[y]), traced
 
     x_values = [jnp.asarray(x) for x in inputs[: len(xs)]]
-    total, pullback, recomputed = jax.vjp(y_of, x_values, has_aux=True)
+    taps = {i: jnp.zeros(indices.shape + x_values[j].shape[1:], x_values[j].dtype)
+            for j, (i, indices) in tables.items()}
+    total, pullback, recomputed = jax.vjp(y_of, x_values, taps, has_aux=True)
     if all(value is ctx.scope[name] for name, value in zip(xs + zs, inputs) if name in ctx.scope):
         # Evaluated at the graph's own xs/zs, the re-run forward values equal the ones already computed: use
         # them from here on, so the first forward pass becomes dead code XLA drops (it cannot merge two copies
         # of a while loop, e.g. an LSTM, by itself).
         ctx.scope.values.update(recomputed)
-    # float16 products: the backward pass seeded with the loss scale keeps their gradients above float16's
-    # underflow; unscaled in float32 (a power of two by default, so exactly). lower/autocast.py says why static.
-    scale = ctx.trace.mixed_precision.loss_scale if ctx.trace.mixed_precision else 1.0
     if scale == 1.0:
-        return tuple(pullback(jnp.ones_like(total))[0])
+        grads, rows = pullback(jnp.ones_like(total))
+        for j, (i, indices) in tables.items():
+            if ctx.node.outputs[j]:
+                ctx.trace.sparse_gradients[ctx.node.outputs[j]] = SparseRows(
+                    inputs[j], jnp.ravel(indices), jnp.reshape(rows[i], (-1, *x_values[j].shape[1:])))
+        return tuple(grads)
     return tuple(g / jnp.asarray(scale, g.dtype) for g in pullback(jnp.full_like(total, scale))[0])
+
+
+def table_lookups(ctx: NodeContext, positions: list[int], xs: list[str]) -> dict[int, tuple[int, object]]:
+    """xs that the slice reads through one Gather along their first axis (lower/sparse_update.py), whose indices
+    are known before it: index in xs -> (the Gather's position, its indices counted from the start)."""
+    found = {}
+    made_here = {o for i in positions for o in ctx.siblings[i].outputs}
+    for x, i in lookups(ctx.siblings, positions, xs).items():
+        name = ctx.siblings[i].inputs[1]
+        if name and name not in made_here and name in ctx.scope:
+            indices, size = ctx.scope[name], ctx.scope[x].shape[0]
+            if jnp.issubdtype(jnp.result_type(indices), jnp.integer):
+                found[xs.index(x)] = (i, jnp.where(indices < 0, indices + size, indices))
+    return found
 
 
 def segments(nodes: Sequence, positions: list[int]) -> list[list[int]]:

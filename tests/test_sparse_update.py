@@ -1,0 +1,84 @@
+"""SGD of a lookup table on the rows looked up (onnxtrain/lower/sparse_update.py): the same numbers as PyTorch's
+dense SGD, rows not looked up untouched, and the whole-table update wherever a rate makes it differ."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxtrain
+
+RNG = np.random.default_rng(0)
+VOCABULARY, WIDTH, BATCH, LENGTH, OUT = 11, 4, 2, 6, 3
+TABLE = RNG.standard_normal((VOCABULARY, WIDTH)).astype(np.float32)
+TABLE[9, 1] = -0.0  # a row no batch looks up: its sign of zero shows which update ran
+PROJECTION = RNG.standard_normal((WIDTH, OUT)).astype(np.float32)
+# repeated ids (summed in one row), a negative one (counted from the end: row 10), rows 4 and 6-9 not looked up
+IDS = np.array([[1, 1, 3, -1, 3, 1], [0, 2, 2, 10, 1, 5]], np.int64)
+TARGET = RNG.standard_normal((BATCH, OUT)).astype(np.float32)
+UNTOUCHED = [4, 6, 7, 8, 9]
+
+
+def embedding_model() -> onnx.ModelProto:
+    """ids -> mean over positions of E[ids] @ W."""
+    n = helper.make_node
+    graph = helper.make_graph(
+        [n("Gather", ["E", "ids"], ["e"], axis=0), n("MatMul", ["e", "W"], ["y"]),
+         n("ReduceMean", ["y"], ["Z"], axes=[1], keepdims=0)],
+        "embedding", [helper.make_tensor_value_info("ids", TensorProto.INT64, [BATCH, LENGTH])],
+        [helper.make_tensor_value_info("Z", TensorProto.FLOAT, [BATCH, OUT])],
+        [numpy_helper.from_array(TABLE, "E"), numpy_helper.from_array(PROJECTION, "W")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def trained(steps: int, lr: float, **options) -> onnxtrain.Engine:
+    engine = onnxtrain.load(onnxtrain.make_trainable(embedding_model(), loss="mse", optimizer="sgd",
+                                                     learning_rate=lr, **options))
+    for _ in range(steps):
+        engine.train_step({"ids": IDS, "target": TARGET})
+    return engine
+
+
+def torch_trained(steps: int, lr: float, clip: float | None = None) -> dict[str, np.ndarray]:
+    table, projection = torch.tensor(TABLE, requires_grad=True), torch.tensor(PROJECTION, requires_grad=True)
+    optimizer = torch.optim.SGD([table, projection], lr=lr)
+    ids = torch.tensor(IDS % VOCABULARY)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        z = (torch.nn.functional.embedding(ids, table) @ projection).mean(1)
+        torch.nn.functional.mse_loss(z, torch.tensor(TARGET)).backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_([table, projection], clip)
+        optimizer.step()
+    return {"E": table.detach().numpy(), "W": projection.detach().numpy()}
+
+
+def test_sgd_of_a_lookup_table_trains_as_pytorch_and_leaves_other_rows_alone():
+    engine = trained(3, 0.5)
+    for name, value in torch_trained(3, 0.5).items():
+        np.testing.assert_allclose(np.asarray(engine.state[name]), value, rtol=1e-5, atol=1e-6, err_msg=name)
+    table = np.asarray(engine.state["E"])
+    assert table[UNTOUCHED].tobytes() == TABLE[UNTOUCHED].tobytes()
+    # the rows-only update is chosen at run time against the whole-table one (see the next test)
+    assert "stablehlo.case" in engine.lower({"ids": IDS, "target": TARGET}, 0).as_text()
+
+
+@pytest.mark.parametrize("rate", [float("nan"), -0.5])
+def test_a_rate_for_which_the_whole_table_update_differs_gets_it(rate):
+    engine = trained(0, 0.5)
+    engine.train_step({"ids": IDS, "target": TARGET, "learning_rate": np.array(rate, np.float32)})
+    table = np.asarray(engine.state["E"])
+    if np.isnan(rate):  # W - nan * 0: every row
+        assert np.isnan(table).all()
+    else:  # W - (-0.5 * 0) = W + 0: a negative zero becomes a positive one, in rows not looked up too
+        assert table[9, 1] == 0 and not np.signbit(table[9, 1])
+        assert np.array_equal(table[UNTOUCHED], TABLE[UNTOUCHED])
+
+
+def test_a_gradient_read_by_more_than_the_update_is_whole_and_right():
+    engine = trained(3, 0.5, clip_grad_norm=0.05)  # the norm reads every gradient
+    for name, value in torch_trained(3, 0.5, clip=0.05).items():
+        np.testing.assert_allclose(np.asarray(engine.state[name]), value, rtol=1e-5, atol=1e-6, err_msg=name)
