@@ -281,3 +281,46 @@ def test_the_rms_model_trains_as_a_pytorch_loop():
         np.testing.assert_allclose(np.asarray(engine.state[name]), value.detach().numpy(), rtol=1e-4, atol=1e-5,
                                    err_msg=name)
     assert full(INNER) not in compiled_text(engine, feeds, algorithm=0)
+
+
+class LastPosition(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.model(*inputs)[:, -1]
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_an_exported_language_model_keeping_its_last_position_trains_as_pytorch_on_that_position(dynamo, tmp_path):
+    """GPT-2 with its own head (the word embedding then trains by rows too: lower/sparse_update.py), exported by
+    both of PyTorch's exporters, trained by SGD on the last position's logits against a PyTorch loop."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    from zoo_models import BATCH as batch, SEQ as length, VOCAB as vocabulary, gpt2, mask
+
+    rng = np.random.default_rng(1)
+    inputs = (rng.integers(0, vocabulary, (batch, length)).astype(np.int64), mask())
+    labels = rng.integers(0, vocabulary, batch).astype(np.int64)
+    torch.manual_seed(0)
+    module = LastPosition(gpt2(tied=False)).eval()
+    torch.onnx.export(module, tuple(torch.from_numpy(a) for a in inputs), tmp_path / "model.onnx", dynamo=dynamo)
+    model = onnx.load(tmp_path / "model.onnx")
+    lr, steps = 0.1, 3
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="cross_entropy", optimizer="sgd",
+                                                     learning_rate=lr))
+    feeds = {**dict(zip([i.name for i in model.graph.input], inputs)), "target": labels}
+    losses = [float(engine.train_step(feeds)["loss"]) for _ in range(steps)]
+    optimizer = torch.optim.SGD(module.parameters(), lr=lr)
+    expected = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(module(*(torch.from_numpy(a) for a in inputs)),
+                                                 torch.from_numpy(labels))
+        loss.backward()
+        optimizer.step()
+        expected.append(loss.item())
+    np.testing.assert_allclose(losses, expected, rtol=1e-4)
+    text = compiled_text(engine, feeds, algorithm=0)
+    assert f"f32[{batch * length},{vocabulary}]" not in text and f"f32[{batch},{length},{vocabulary}]" not in text
