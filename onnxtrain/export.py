@@ -77,7 +77,9 @@ def without_zero_state(model: onnx.ModelProto) -> tuple[onnx.ModelProto, frozens
     if not zeros or sum(t.ByteSize() for t in zeros) < ZERO_STATE_WORTH_A_COPY * total:
         return model, frozenset()
     zero = frozenset(t.name for t in zeros)
-    return lean_copy(model, lambda tensor: tensor.name in zero and holds_zeros(tensor)), zero
+    # a name another graph's initializer holds too may hold non-zero bytes there: only those are read again
+    held = Counter(t.name for g in initializer_graphs(model) for t in g.initializer)
+    return lean_copy(model, lambda t: t.name in zero and (held[t.name] == 1 or holds_zeros(t))), zero
 
 
 def owner_graphs(model: onnx.ModelProto) -> dict[int | None, onnx.GraphProto]:

@@ -234,3 +234,21 @@ def test_a_few_zero_biases_are_not_worth_a_copy_of_the_model(tmp_path):
     np.testing.assert_allclose(np.asarray(engine.state["B"]), -0.1 * bias_gradient, rtol=1e-4, atol=1e-7)
     engine.reset()
     np.testing.assert_array_equal(np.asarray(engine.state["B"]), np.zeros(WIDTHS[-1], np.float32))
+
+
+def test_a_zero_state_name_held_non_zero_by_another_graph_keeps_those_bytes():
+    """The lean copy drops the bytes of zero state only: where another graph holds an initializer of the same
+    name with other values, that one keeps them (only such shared names are read a second time)."""
+    from onnxtrain.export import without_zero_state
+
+    model, _ = wide_mlp()
+    adam = onnxtrain.make_trainable(model, loss="mse", optimizer="adam", learning_rate=0.1)
+    moment = next(t for t in adam.training_info[0].algorithm.initializer if t.name == "W0.adam_m")
+    ones = numpy_helper.from_array(np.ones(numpy_helper.to_array(moment).shape, np.float32), moment.name)
+    adam.graph.initializer.append(ones)
+    lean, zero = without_zero_state(adam)
+    assert "W0.adam_m" in zero
+    kept = [t for t in lean.graph.initializer if t.name == "W0.adam_m"]
+    assert len(kept) == 1 and np.array_equal(numpy_helper.to_array(kept[0]), numpy_helper.to_array(ones))
+    dropped = next(t for t in lean.training_info[0].algorithm.initializer if t.name == "W0.adam_m")
+    assert not dropped.HasField("raw_data")
