@@ -106,7 +106,7 @@ def leading_axes(shape: Sequence[int], count: int) -> int | None:
 
 def selection_of(node: Node, args: Sequence[Value], run: Run, position: int) -> Selection | None:
     """What `node` selects, when it is a Gather or Slice along non-last axes, with static indices, of a traced
-    value, and takes fewer rows than there are."""
+    value, and takes at most half its rows (a language model's shifted logits, `[:, :-1]`, are left whole)."""
     select_axes = SELECTIONS.get(node.op_type) if not node.domain else None
     if select_axes is None or not args or not traced_array(args[0]) or not is_static(*args[1:]):
         return None
@@ -122,7 +122,7 @@ def selection_of(node: Node, args: Sequence[Value], run: Run, position: int) -> 
     # the node itself, on the row numbers, says which rows it takes (negative indices, steps, errors as its own)
     rows = np.arange(count, dtype=np.int64).reshape(shape[: last + 1] + (1,) * trailing)
     taken = np.asarray(run(node, [rows, *args[1:]], position))
-    if taken.size >= count:
+    if taken.size > count // 2:  # most rows: the gathers of the values selected where they stand cost as much
         return None
     return Selection(count, taken.reshape(-1), taken.shape[: taken.ndim - trailing] + shape[last + 1:])
 
