@@ -39,24 +39,48 @@ from .values import Value, is_static
 Run = Callable[[Node, list, int], Any]  # call a node (with these inputs, at this position among its siblings)
 
 
-def _gather_axes(node: Node, args: Sequence[Value]) -> list[int] | None:
-    return [int(node.attributes.get("axis", 0))]
+Taken = Callable[[np.ndarray], "np.ndarray | None"]  # a selection applied to row numbers (None: an invalid one)
 
 
-def _slice_axes(node: Node, args: Sequence[Value]) -> list[int] | None:
+def _gather(node: Node, args: Sequence[Value]) -> tuple[list[int], Taken] | None:
+    axis, indices = int(node.attributes.get("axis", 0)), np.asarray(args[1])
+
+    def take(rows: np.ndarray) -> np.ndarray | None:
+        size = rows.shape[axis]
+        if indices.dtype.kind not in "iu" or ((indices < -size) | (indices >= size)).any():
+            return None  # the node's own lowering names the error
+        return np.take(rows, np.where(indices < 0, indices + size, indices), axis=axis)
+
+    return [axis], take
+
+
+def _slice(node: Node, args: Sequence[Value]) -> tuple[list[int], Taken] | None:
     if node.since_version == 1:
-        starts, axes = node.attributes.get("starts", []), node.attributes.get("axes")
-        return list(axes) if axes is not None else list(range(len(starts)))
-    axes = args[3] if len(args) > 3 else None
-    if axes is None:
-        return list(range(int(np.shape(args[1])[0]))) if np.ndim(args[1]) == 1 else None
-    return [int(a) for a in np.ravel(axes)]
+        starts, ends = node.attributes.get("starts", []), node.attributes.get("ends", [])
+        axes, steps = node.attributes.get("axes"), None
+    else:
+        starts, ends = args[1], args[2]
+        axes, steps = (args[i] if len(args) > i else None for i in (3, 4))
+    starts, ends = [int(v) for v in np.ravel(starts)], [int(v) for v in np.ravel(ends)]
+    axes = list(range(len(starts))) if axes is None else [int(v) for v in np.ravel(axes)]
+    steps = [1] * len(starts) if steps is None else [int(v) for v in np.ravel(steps)]
+    if not len(starts) == len(ends) == len(axes) == len(steps) or 0 in steps:
+        return None
+
+    def take(rows: np.ndarray) -> np.ndarray | None:
+        index = [slice(None)] * rows.ndim
+        for axis, start, end, step in zip(axes, starts, ends, steps):  # ONNX's clamping is Python's slicing
+            index[axis] = slice(start, end, step)
+        return rows[tuple(index)]
+
+    return axes, take
 
 
-# selection op -> the axes of its data input it selects along
-SELECTIONS: dict[str, Callable[[Node, Sequence[Value]], list[int] | None]] = {
-    "Gather": _gather_axes,
-    "Slice": _slice_axes,
+# selection op -> the axes of its data input it selects along, and the selection as NumPy indexing (ONNX's rules
+# for negative indices and out-of-range slice bounds are NumPy's), applied to the row numbers
+SELECTIONS: dict[str, Callable[[Node, Sequence[Value]], tuple[list[int], Taken] | None]] = {
+    "Gather": _gather,
+    "Slice": _slice,
 }
 # row-wise ops besides those registered as elementwise (registry.register's flag): op -> its inputs that carry
 # rows (None: every input, broadcasting as elementwise operands do); the others are used as they are
@@ -104,25 +128,27 @@ def leading_axes(shape: Sequence[int], count: int) -> int | None:
     return None
 
 
-def selection_of(node: Node, args: Sequence[Value], run: Run, position: int) -> Selection | None:
+def selection_of(node: Node, args: Sequence[Value]) -> Selection | None:
     """What `node` selects, when it is a Gather or Slice along non-last axes, with static indices, of a traced
     value, and takes at most half its rows (a language model's shifted logits, `[:, :-1]`, are left whole)."""
-    select_axes = SELECTIONS.get(node.op_type) if not node.domain else None
-    if select_axes is None or not args or not traced_array(args[0]) or not is_static(*args[1:]):
+    select = SELECTIONS.get(node.op_type) if not node.domain else None
+    if select is None or not args or not traced_array(args[0]) or not is_static(*args[1:]):
         return None
     shape = tuple(args[0].shape)
-    axes = select_axes(node, args)
-    if not axes or not all(-len(shape) <= a < len(shape) for a in axes):
+    found = select(node, args)
+    if found is None:
+        return None
+    axes, take = found
+    if not axes or not all(-len(shape) <= a < len(shape) for a in axes) or \
+            len({a % len(shape) for a in axes}) != len(axes):
         return None
     last = max(a % len(shape) for a in axes)
     if last >= len(shape) - 1:  # the last axis is a product's or a normalization's own
         return None
     trailing = len(shape) - last - 1
     count = math.prod(shape[: last + 1])
-    # the node itself, on the row numbers, says which rows it takes (negative indices, steps, errors as its own)
-    rows = np.arange(count, dtype=np.int64).reshape(shape[: last + 1] + (1,) * trailing)
-    taken = np.asarray(run(node, [rows, *args[1:]], position))
-    if taken.size > count // 2:  # most rows: the gathers of the values selected where they stand cost as much
+    taken = take(np.arange(count, dtype=np.int64).reshape(shape[: last + 1] + (1,) * trailing))
+    if taken is None or taken.size > count // 2:  # most rows: gathering the values costs about what is saved
         return None
     return Selection(count, taken.reshape(-1), taken.shape[: taken.ndim - trailing] + shape[last + 1:])
 
@@ -209,7 +235,7 @@ class Plan:
 
 
 def plan(node: Node, args: Sequence[Value], read: Callable[[str], Value], siblings: Sequence[Node],
-         position: int, run: Run) -> Plan | None:
+         position: int) -> Plan | None:
     """How to compute `node` (input values `args`; `read` gives any value of its scope) from the rows it selects,
     when it selects rows of a row-wise op's result that nothing else among `siblings` reads; None otherwise."""
     if node.op_type not in SELECTIONS or node.domain or not args or not traced_array(args[0]):
@@ -218,7 +244,7 @@ def plan(node: Node, args: Sequence[Value], read: Callable[[str], Value], siblin
     first = next((i for i in range(position - 1, -1, -1) if start in siblings[i].outputs), None)
     if first is None or not row_wise(siblings[first]):
         return None
-    selection = selection_of(node, args, run, position)
+    selection = selection_of(node, args)
     if selection is None or step_of(siblings[first], first, selection, read) is None:
         return None
     made = {o: i for i in range(position) for o in siblings[i].outputs if o}

@@ -195,7 +195,7 @@ def call_reordered(
     def run(other: "Node", inputs: list, at: int) -> Any:
         return call_node(other, inputs, scope, trace, siblings, at)
 
-    found = plan(node, args, scope.visible, siblings, position, run)
+    found = plan(node, args, scope.visible, siblings, position)
     if found is not None:
         return computed(found, lambda name: channels_first(scope.visible(name)), run)
     rows = sgd_rows(node, args, trace.sparse_gradients, scope.visible, siblings, position)
