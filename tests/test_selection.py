@@ -1,10 +1,9 @@
-"""Rows selected from a product computed as the product of the selected rows (onnxtrain/lower/selection.py):
-inference against onnx's reference, training against a PyTorch loop, and the compiled programs holding the
-small product instead of the full one (so these tests fail if the reordering stops happening)."""
+"""A Gather or Slice of rows computed on those rows, back through the ops that made them
+(onnxtrain/lower/selection.py): inference against onnx's reference, training against PyTorch loops, where the
+selection must stop, and the compiled programs holding the small products instead of the whole ones (so these
+tests fail if the selection stops being followed)."""
 
 from __future__ import annotations
-
-import re
 
 import numpy as np
 import onnx

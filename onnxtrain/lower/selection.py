@@ -37,8 +37,6 @@ from .layout import ELEMENTWISE, Reordered
 from .values import Value, is_static
 
 Run = Callable[[Node, list, int], Any]  # call a node (with these inputs, at this position among its siblings)
-
-
 Taken = Callable[[np.ndarray], "np.ndarray | None"]  # a selection applied to row numbers (None: an invalid one)
 
 

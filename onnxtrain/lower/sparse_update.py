@@ -66,7 +66,7 @@ def lookups(nodes: Sequence[Node], positions: Sequence[int], xs: Sequence[str]) 
         if len(at) == 1:
             node = nodes[at[0]]
             if (node.op_type == "Gather" and not node.domain and node.inputs[0] == x and x not in node.inputs[1:]
-                    and int(node.attributes.get("axis", 0)) in (0,)):
+                    and int(node.attributes.get("axis", 0)) == 0):
                 found[x] = at[0]
     return found
 
