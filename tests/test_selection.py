@@ -100,33 +100,35 @@ def test_a_product_read_elsewhere_is_computed_whole_and_both_outputs_are_right()
     assert FULL_PRODUCT in compiled_text(onnxtrain.load(model), FEEDS)
 
 
-def torch_sgd(pick, steps: int, lr: float, target: np.ndarray) -> dict[str, np.ndarray]:
-    """The same model trained by torch.optim.SGD on MSE (mean), the reference for the engine's train steps."""
-    params = {k: torch.tensor(v, requires_grad=True) for k, v in WEIGHTS.items()}
+def trains_as_pytorch(model: onnx.ModelProto, weights: dict[str, np.ndarray], forward, target_shape,
+                      remat: bool | str = False) -> tuple[onnxtrain.Engine, dict]:
+    """Three SGD steps of `model` on MSE (mean) against torch.optim.SGD on `forward(params, X)`, the same
+    computation written in PyTorch; the engine and its feeds, for a look at the compiled step."""
+    lr, steps = 0.1, 3
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=lr,
+                                                     trainable=list(weights)), remat=remat)
+    target = rand(*target_shape)
+    feeds = {**FEEDS, "target": target}
+    for _ in range(steps):
+        engine.train_step(feeds)
+    params = {k: torch.tensor(v, requires_grad=True) for k, v in weights.items()}
     optimizer = torch.optim.SGD(params.values(), lr=lr)
-    x, t = torch.tensor(FEEDS["X"]), torch.tensor(target)
     for _ in range(steps):
         optimizer.zero_grad()
-        logits = torch.tanh(x @ params["W1"]) @ params["W2"]
-        torch.nn.functional.mse_loss(pick(logits), t).backward()
+        prediction = forward(params, torch.tensor(FEEDS["X"]))
+        torch.nn.functional.mse_loss(prediction, torch.tensor(target)).backward()
         optimizer.step()
-    return {k: v.detach().numpy() for k, v in params.items()}
+    for name, value in params.items():
+        np.testing.assert_allclose(np.asarray(engine.state[name]), value.detach().numpy(), rtol=1e-4, atol=1e-5,
+                                   err_msg=name)
+    return engine, feeds
 
 
 @pytest.mark.parametrize("case", [*SELECTIONS, *KEPT])
 def test_training_matches_a_pytorch_loop(case):
     select, extra, pick = {**SELECTIONS, **KEPT}[case]
-    model = head_model(select, extra, pick)
-    target = rand(*selected_shape(pick))
-    lr, steps = 0.1, 3
-    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=lr,
-                                                     trainable=list(WEIGHTS)))
-    feeds = {**FEEDS, "target": target}
-    for _ in range(steps):
-        engine.train_step(feeds)
-    expected = torch_sgd(pick, steps, lr, target)
-    for name, value in expected.items():
-        np.testing.assert_allclose(np.asarray(engine.state[name]), value, rtol=1e-5, atol=1e-6, err_msg=name)
+    engine, feeds = trains_as_pytorch(head_model(select, extra, pick), WEIGHTS,
+                                      lambda p, x: pick(torch.tanh(x @ p["W1"]) @ p["W2"]), selected_shape(pick))
     if case in SELECTIONS:
         assert FULL_PRODUCT not in compiled_text(engine, feeds, algorithm=0)
 
@@ -180,26 +182,14 @@ def test_a_last_layer_is_computed_on_the_selected_rows_only():
 def test_a_last_layer_trains_as_a_pytorch_loop(remat):
     # recomputed (remat=True), the nodes run in segments JAX traces apart: a selection reaching into an earlier
     # segment's values would leak them out of their trace
-    lr, steps = 0.1, 3
-    engine = onnxtrain.load(onnxtrain.make_trainable(layer_model(), loss="mse", optimizer="sgd", learning_rate=lr,
-                                                     trainable=list(LAYER_WEIGHTS)), remat=remat)
-    target = rand(BATCH, VOCABULARY)
-    feeds = {**FEEDS, "target": target}
-    for _ in range(steps):
-        engine.train_step(feeds)
-    params = {k: torch.tensor(v, requires_grad=True) for k, v in LAYER_WEIGHTS.items()}
-    optimizer = torch.optim.SGD(params.values(), lr=lr)
     norm = torch.nn.functional.layer_norm
-    for _ in range(steps):
-        optimizer.zero_grad()
-        p = params
-        a = norm(torch.tensor(FEEDS["X"]) @ p["W1"], (INNER,), p["s1"], p["b1"])
+
+    def forward(p: dict, x: torch.Tensor) -> torch.Tensor:
+        a = norm(x @ p["W1"], (INNER,), p["s1"], p["b1"])
         y = norm(a + torch.tanh(a @ p["W2"]), (INNER,), p["s2"], p["b2"])
-        torch.nn.functional.mse_loss((y @ p["W3"])[:, 0], torch.tensor(target)).backward()
-        optimizer.step()
-    for name, value in params.items():
-        np.testing.assert_allclose(np.asarray(engine.state[name]), value.detach().numpy(), rtol=1e-4, atol=1e-5,
-                                   err_msg=name)
+        return (y @ p["W3"])[:, 0]
+
+    engine, feeds = trains_as_pytorch(layer_model(), LAYER_WEIGHTS, forward, (BATCH, VOCABULARY), remat)
     if remat is not True:  # recomputed in segments, rows are followed within the selection's segment only
         assert full(INNER) not in compiled_text(engine, feeds, algorithm=0)
 
@@ -269,25 +259,12 @@ def test_rows_are_followed_through_reshapes_gemm_and_a_reduction():
 
 
 def test_the_rms_model_trains_as_a_pytorch_loop():
-    lr, steps = 0.1, 3
-    engine = onnxtrain.load(onnxtrain.make_trainable(rms_model(), loss="mse", optimizer="sgd", learning_rate=lr,
-                                                     trainable=list(RMS_WEIGHTS)))
-    target = rand(BATCH, VOCABULARY)
-    feeds = {**FEEDS, "target": target}
-    for _ in range(steps):
-        engine.train_step(feeds)
-    params = {k: torch.tensor(v, requires_grad=True) for k, v in RMS_WEIGHTS.items()}
-    optimizer = torch.optim.SGD(params.values(), lr=lr)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        p = params
-        h = (torch.tensor(FEEDS["X"]).reshape(-1, HIDDEN) @ p["W1"] + p["c1"]).reshape(BATCH, POSITIONS, INNER)
+    def forward(p: dict, x: torch.Tensor) -> torch.Tensor:
+        h = (x.reshape(-1, HIDDEN) @ p["W1"] + p["c1"]).reshape(BATCH, POSITIONS, INNER)
         y = p["scale"] * (h / torch.sqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
-        torch.nn.functional.mse_loss((y @ p["W3"])[:, -1], torch.tensor(target)).backward()
-        optimizer.step()
-    for name, value in params.items():
-        np.testing.assert_allclose(np.asarray(engine.state[name]), value.detach().numpy(), rtol=1e-4, atol=1e-5,
-                                   err_msg=name)
+        return (y @ p["W3"])[:, -1]
+
+    engine, feeds = trains_as_pytorch(rms_model(), RMS_WEIGHTS, forward, (BATCH, VOCABULARY))
     assert full(INNER) not in compiled_text(engine, feeds, algorithm=0)
 
 
