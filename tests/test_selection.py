@@ -309,3 +309,86 @@ def test_an_exported_language_model_keeping_its_last_position_trains_as_pytorch_
     np.testing.assert_allclose(losses, expected, rtol=1e-4)
     text = compiled_text(engine, feeds, algorithm=0)
     assert f"f32[{batch * length},{vocabulary}]" not in text and f"f32[{batch},{length},{vocabulary}]" not in text
+
+
+def random_chain(seed: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """X [2, 6, 4] through 2-7 random row-wise steps (products, biases, activations, residual adds of an earlier
+    value, norms, an RMS norm, reshapes to rows and back, size-1 and per-position broadcasts), then a random
+    Gather or Slice along axis 0 or 1; sometimes another node reads an intermediate value too."""
+    rng = np.random.default_rng(seed)
+    n = helper.make_node
+    batch, length = 2, 6
+    nodes, weights, values = [], {}, {"X": 4}  # 3-D values by width (for residual adds)
+    current, width = "X", 4
+
+    def weight(name: str, array: np.ndarray) -> str:
+        weights[name] = array.astype(np.float32) if array.dtype.kind == "f" else array
+        return name
+
+    for k in range(int(rng.integers(2, 8))):
+        out, kind = f"v{k}", rng.choice(["matmul", "gemm rows", "bias", "relu", "residual", "norm", "rms",
+                                          "ones", "positions"])
+        if kind == "matmul":
+            wide = int(rng.integers(3, 7))
+            nodes.append(n("MatMul", [current, weight(f"w{k}", rng.standard_normal((width, wide)))], [out]))
+            width = wide
+        elif kind == "gemm rows":  # Reshape to rows, Gemm, Reshape back: GPT-2's Conv1D
+            wide = int(rng.integers(3, 7))
+            nodes += [n("Reshape", [current, weight(f"r{k}", np.array([-1, width]))], [f"{out}r"]),
+                      n("Gemm", [f"{out}r", weight(f"w{k}", rng.standard_normal((width, wide))),
+                                 weight(f"c{k}", rng.standard_normal(wide))], [f"{out}g"]),
+                      n("Reshape", [f"{out}g", weight(f"s{k}", np.array([batch, length, wide]))], [out])]
+            width = wide
+        elif kind == "bias":
+            nodes.append(n("Add", [current, weight(f"b{k}", rng.standard_normal(width))], [out]))
+        elif kind == "relu":
+            nodes.append(n("Relu", [current], [out]))
+        elif kind == "residual":
+            earlier = [v for v, w in values.items() if w == width]
+            nodes.append(n("Add", [str(rng.choice(earlier)), current], [out]))
+        elif kind == "norm":
+            nodes.append(n("LayerNormalization", [current, weight(f"g{k}", rng.standard_normal(width)),
+                                                  weight(f"b{k}", rng.standard_normal(width))], [out],
+                           axis=int(rng.choice([-1, 2, 1]))))
+        elif kind == "rms":
+            nodes += [n("Mul", [current, current], [f"{out}s"]),
+                      n("ReduceMean", [f"{out}s", weight(f"a{k}", np.array([-1]))], [f"{out}m"], keepdims=1),
+                      n("Add", [f"{out}m", weight(f"e{k}", np.array(1e-3))], [f"{out}e"]),
+                      n("Sqrt", [f"{out}e"], [f"{out}q"]), n("Div", [current, f"{out}q"], [out])]
+        elif kind == "ones":  # [1, 1, width]: broadcasts over the rows, as the same rank
+            nodes.append(n("Mul", [weight(f"o{k}", rng.standard_normal((1, 1, width))), current], [out]))
+        else:  # [length, width]: reaches the positions axis, so a selection along it stops here
+            nodes.append(n("Add", [current, weight(f"p{k}", rng.standard_normal((length, width)))], [out]))
+        values[out] = width
+        current = out
+    outputs = [helper.make_tensor_value_info("Z", TensorProto.FLOAT, None)]
+    if rng.random() < 0.3:  # another reader of an intermediate value
+        read = str(rng.choice([v for v in values if v != "X"]))
+        nodes.append(n("ReduceSum", [read], ["side"], keepdims=0))
+        outputs.append(helper.make_tensor_value_info("side", TensorProto.FLOAT, None))
+    kind = rng.choice(["gather", "gather list", "gather samples", "slice", "slice back"])
+    if kind == "gather":
+        nodes.append(n("Gather", [current, weight("i", np.array(int(rng.integers(-length, length))))], ["Z"],
+                       axis=int(rng.choice([1, -2]))))
+    elif kind == "gather list":
+        nodes.append(n("Gather", [current, weight("i", rng.integers(-length, length, (1, 2)))], ["Z"], axis=1))
+    elif kind == "gather samples":
+        nodes.append(n("Gather", [current, weight("i", np.array([-1]))], ["Z"], axis=0))
+    else:
+        start, end, step = (-1, -(2**62), -2) if kind == "slice back" else (int(rng.integers(-length, 2)), 2**62, 2)
+        nodes.append(n("Slice", [current, weight("st", np.array([start])), weight("en", np.array([end])),
+                                 weight("ax", np.array([1])), weight("sp", np.array([step]))], ["Z"]))
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("X", TensorProto.FLOAT,
+                                                                             [batch, length, 4])],
+                              outputs, [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return model, {"X": rng.standard_normal((batch, length, 4)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_chains_of_row_wise_ops_give_the_reference_numbers(seed):
+    model, feeds = random_chain(seed)
+    ours, theirs = run_both(model, feeds)
+    for mine, ref in zip(ours, theirs):
+        assert mine.shape == ref.shape
+        np.testing.assert_allclose(mine, ref, rtol=1e-4, atol=1e-4)
