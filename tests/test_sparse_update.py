@@ -3,6 +3,11 @@ dense SGD, rows not looked up untouched, and the whole-table update wherever a r
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -82,3 +87,32 @@ def test_a_gradient_read_by_more_than_the_update_is_whole_and_right():
     engine = trained(3, 0.5, clip_grad_norm=0.05)  # the norm reads every gradient
     for name, value in torch_trained(3, 0.5, clip=0.05).items():
         np.testing.assert_allclose(np.asarray(engine.state[name]), value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+OVER_DEVICES = r"""
+import sys
+import jax
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import onnxtrain
+from test_sparse_update import IDS, TARGET, embedding_model, torch_trained
+
+assert len(jax.devices()) == 2, jax.devices()
+expected = torch_trained(3, 0.5)
+for shard_state in (False, True):  # the batch split over the devices; the table replicated, then split
+    model = onnxtrain.make_trainable(embedding_model(), loss="mse", optimizer="sgd", learning_rate=0.5)
+    engine = onnxtrain.load(model, devices=jax.devices(), shard_state=shard_state)
+    for _ in range(3):
+        engine.train_step({"ids": IDS, "target": TARGET})
+    for name, value in expected.items():
+        np.testing.assert_allclose(np.asarray(engine.state[name]), value, rtol=1e-5, atol=1e-6, err_msg=name)
+    print("MATCH", shard_state)
+"""
+
+
+def test_the_rows_update_over_two_devices_trains_as_pytorch():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run([sys.executable, "-c", OVER_DEVICES, str(Path(__file__).parent)], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "MATCH False" in result.stdout and "MATCH True" in result.stdout
