@@ -314,7 +314,7 @@ def test_an_exported_language_model_keeping_its_last_position_trains_as_pytorch_
 def random_chain(seed: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """X [2, 6, 4] through 2-7 random row-wise steps (products, biases, activations, residual adds of an earlier
     value, norms, an RMS norm, reshapes to rows and back, size-1 and per-position broadcasts), then a random
-    Gather or Slice along axis 0 or 1; sometimes another node reads an intermediate value too."""
+    Gather, Slice or GatherND along axis 0 or 1; sometimes another node reads an intermediate value too."""
     rng = np.random.default_rng(seed)
     n = helper.make_node
     batch, length = 2, 6
@@ -366,8 +366,11 @@ def random_chain(seed: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         read = str(rng.choice([v for v in values if v != "X"]))
         nodes.append(n("ReduceSum", [read], ["side"], keepdims=0))
         outputs.append(helper.make_tensor_value_info("side", TensorProto.FLOAT, None))
-    kind = rng.choice(["gather", "gather list", "gather samples", "slice", "slice back"])
-    if kind == "gather":
+    kind = rng.choice(["gather", "gather list", "gather samples", "slice", "slice back", "gather nd"])
+    if kind == "gather nd":  # (sample, position) pairs
+        pairs = np.stack([rng.integers(-batch, batch, 3), rng.integers(-length, length, 3)], axis=-1)
+        nodes.append(n("GatherND", [current, weight("i", pairs)], ["Z"]))
+    elif kind == "gather":
         nodes.append(n("Gather", [current, weight("i", np.array(int(rng.integers(-length, length))))], ["Z"],
                        axis=int(rng.choice([1, -2]))))
     elif kind == "gather list":
@@ -392,3 +395,45 @@ def test_random_chains_of_row_wise_ops_give_the_reference_numbers(seed):
     for mine, ref in zip(ours, theirs):
         assert mine.shape == ref.shape
         np.testing.assert_allclose(mine, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_a_sequence_classifier_picking_each_last_token_trains_as_pytorch_on_those_tokens(tmp_path):
+    """GPT2ForSequenceClassification scores every position and keeps each sequence's last non-padding token:
+    `logits[arange(batch), last]`, a GatherND at indices the graph computes from the ids (dynamo export; with
+    one layer, whose feed-forward then runs on the two kept tokens alone)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+    from zoo_models import perturbed
+
+    class Logits(torch.nn.Module):
+        def __init__(self, model: torch.nn.Module):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.model(input_ids=ids).logits
+
+    config = GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=32, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, pad_token_id=0, num_labels=3)
+    torch.manual_seed(0)
+    module = Logits(perturbed(GPT2ForSequenceClassification(config))).eval()
+    ids = torch.randint(1, 64, (2, 8))
+    ids[0, 5:] = 0  # padding: the first sequence's last token is at position 4
+    labels = torch.tensor([0, 2])
+    torch.onnx.export(module, (ids,), tmp_path / "model.onnx", dynamo=True)
+    model = onnx.load(tmp_path / "model.onnx")
+    assert any(node.op_type == "GatherND" for node in model.graph.node)
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="cross_entropy", optimizer="sgd",
+                                                     learning_rate=0.1))
+    feeds = {model.graph.input[0].name: ids.numpy(), "target": labels.numpy()}
+    losses = [float(engine.train_step(feeds)["loss"]) for _ in range(3)]
+    optimizer, expected = torch.optim.SGD(module.parameters(), lr=0.1), []
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(module(ids), labels)
+        loss.backward()
+        optimizer.step()
+        expected.append(loss.item())
+    np.testing.assert_allclose(losses, expected, rtol=1e-4)
+    assert "f32[16,128]" not in compiled_text(engine, feeds, algorithm=0)  # the feed-forward over all 16 tokens

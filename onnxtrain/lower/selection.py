@@ -37,10 +37,12 @@ from .layout import ELEMENTWISE, Reordered
 from .values import Value, is_static
 
 Run = Callable[[Node, list, int], Any]  # call a node (with these inputs, at this position among its siblings)
-Taken = Callable[[np.ndarray], "np.ndarray | None"]  # a selection applied to row numbers (None: an invalid one)
+Taken = Callable[[np.ndarray], Any]  # a selection applied to row numbers (None: an invalid one)
 
 
 def _gather(node: Node, args: Sequence[Value]) -> tuple[list[int], Taken] | None:
+    if not is_static(*args[1:]):
+        return None
     axis, indices = int(node.attributes.get("axis", 0)), np.asarray(args[1])
 
     def take(rows: np.ndarray) -> np.ndarray | None:
@@ -53,6 +55,8 @@ def _gather(node: Node, args: Sequence[Value]) -> tuple[list[int], Taken] | None
 
 
 def _slice(node: Node, args: Sequence[Value]) -> tuple[list[int], Taken] | None:
+    if not is_static(*args[1:]):
+        return None
     if node.since_version == 1:
         starts, ends = node.attributes.get("starts", []), node.attributes.get("ends", [])
         axes, steps = node.attributes.get("axes"), None
@@ -74,11 +78,29 @@ def _slice(node: Node, args: Sequence[Value]) -> tuple[list[int], Taken] | None:
     return axes, take
 
 
+def _gather_nd(node: Node, args: Sequence[Value]) -> tuple[list[int], Taken] | None:
+    """Whole rows of the leading axes (batch_dims 0), at indices that may be computed (a classifier's last
+    non-padding token: `logits[arange(batch), lengths - 1]`): the row numbers are then traced too."""
+    indices = args[1]
+    depth = int(np.shape(indices)[-1]) if np.ndim(indices) else 0
+    if int(node.attributes.get("batch_dims", 0)) != 0 or depth < 1:
+        return None
+    xp = np if is_static(indices) else jnp
+
+    def take(rows: np.ndarray) -> Any:
+        at = tuple(xp.where(indices[..., j] < 0, indices[..., j] + rows.shape[j], indices[..., j])
+                   for j in range(depth))
+        return xp.asarray(rows)[at]
+
+    return list(range(depth)), take
+
+
 # selection op -> the axes of its data input it selects along, and the selection as NumPy indexing (ONNX's rules
 # for negative indices and out-of-range slice bounds are NumPy's), applied to the row numbers
 SELECTIONS: dict[str, Callable[[Node, Sequence[Value]], tuple[list[int], Taken] | None]] = {
     "Gather": _gather,
     "Slice": _slice,
+    "GatherND": _gather_nd,
 }
 # row-wise ops besides those registered as elementwise (registry.register's flag): op -> its inputs that carry
 # rows (None: every input, broadcasting as elementwise operands do); the others are used as they are
@@ -99,7 +121,7 @@ class Selection:
     shape of what it selects."""
 
     count: int
-    index: np.ndarray
+    index: Any  # NumPy, or traced where the node's indices are
     shape: tuple[int, ...]
 
 
@@ -127,10 +149,10 @@ def leading_axes(shape: Sequence[int], count: int) -> int | None:
 
 
 def selection_of(node: Node, args: Sequence[Value]) -> Selection | None:
-    """What `node` selects, when it is a Gather or Slice along non-last axes, with static indices, of a traced
-    value, and takes at most half its rows (a language model's shifted logits, `[:, :-1]`, are left whole)."""
+    """What `node` selects, when it is a Gather or Slice with static indices or a GatherND, along non-last axes of
+    a traced value, and takes at most half its rows (a language model's shifted logits, `[:, :-1]`, are left whole)."""
     select = SELECTIONS.get(node.op_type) if not node.domain else None
-    if select is None or not args or not traced_array(args[0]) or not is_static(*args[1:]):
+    if select is None or not args or not traced_array(args[0]):
         return None
     shape = tuple(args[0].shape)
     found = select(node, args)
@@ -289,7 +311,7 @@ def computed(found: Plan, read: Callable[[str], Value], run: Run) -> Value:
             if step is None:  # selected where it stands
                 value = read(name)
                 p = leading_axes(np.shape(value), selection.count)
-                xp = np if is_static(value) else jnp
+                xp = np if is_static(value) and is_static(selection.index) else jnp
                 flat = xp.reshape(value, (selection.count, *np.shape(value)[p:]))
                 done[name] = xp.take(flat, selection.index, axis=0)
             elif step.reshape is not None:
