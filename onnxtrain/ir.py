@@ -7,7 +7,7 @@ them (the walker, the engine, the state bindings) may import it without making a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 import onnx
@@ -54,3 +54,28 @@ class Graph:
     outputs: tuple[ValueInfo, ...]
     initializers: dict[str, np.ndarray]
     nodes: tuple[Node, ...]
+
+
+def free_names(node: Node) -> set[str]:
+    """Outer-scope names a node's subgraphs read (so a dependency through an If/Loop body counts)."""
+    names: set[str] = set()
+    for value in node.attributes.values():
+        for graph in value if isinstance(value, list) else [value]:
+            if isinstance(graph, Graph):
+                defined = {i.name for i in graph.inputs} | set(graph.initializers)
+                for inner in graph.nodes:
+                    names.update(n for n in inner.inputs if n and n not in defined)
+                    names.update(free_names(inner) - defined)
+                    defined.update(inner.outputs)
+    return names
+
+
+def readers(nodes: Sequence[Node], positions: Iterable[int] | None = None) -> dict[str, list[int]]:
+    """Value name -> the positions (among `positions`, default all) of the nodes reading it, as an input or from
+    inside a subgraph; each position once."""
+    found: dict[str, list[int]] = {}
+    for i in range(len(nodes)) if positions is None else positions:
+        for name in {*nodes[i].inputs, *free_names(nodes[i])}:
+            if name:
+                found.setdefault(name, []).append(i)
+    return found

@@ -83,6 +83,33 @@ def test_a_rate_for_which_the_whole_table_update_differs_gets_it(rate):
         assert np.array_equal(table[UNTOUCHED], TABLE[UNTOUCHED])
 
 
+def test_a_table_also_read_inside_a_subgraph_trains_whole_and_right():
+    """An If branch sums the whole table too: its gradient reaches every row, so the rows-only update must not
+    be taken (it was, before readers inside subgraphs counted: rows not looked up kept their old values)."""
+    n = helper.make_node
+    model = embedding_model()
+    branch = [helper.make_graph([n("ReduceSum", ["E"], [f"{name}_sum"], keepdims=0)], name, [],
+                                [helper.make_tensor_value_info(f"{name}_sum", TensorProto.FLOAT, [])])
+              for name in ("then", "else")]
+    model.graph.node[-1].output[0] = "mean"
+    model.graph.node.extend([n("If", ["flag"], ["sum"], then_branch=branch[0], else_branch=branch[1]),
+                             n("Mul", ["sum", "tiny"], ["small"]), n("Add", ["mean", "small"], ["Z"])])
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(True), "flag"),
+                                    numpy_helper.from_array(np.array(0.01, np.float32), "tiny")])
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=0.5,
+                                                     trainable=["E", "W"]))
+    for _ in range(3):
+        engine.train_step({"ids": IDS, "target": TARGET})
+    table, projection = torch.tensor(TABLE, requires_grad=True), torch.tensor(PROJECTION, requires_grad=True)
+    optimizer = torch.optim.SGD([table, projection], lr=0.5)
+    for _ in range(3):
+        optimizer.zero_grad()
+        z = (torch.nn.functional.embedding(torch.tensor(IDS % VOCABULARY), table) @ projection).mean(1)
+        torch.nn.functional.mse_loss(z + 0.01 * table.sum(), torch.tensor(TARGET)).backward()
+        optimizer.step()
+    np.testing.assert_allclose(np.asarray(engine.state["E"]), table.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_a_gradient_read_by_more_than_the_update_is_whole_and_right():
     engine = trained(3, 0.5, clip_grad_norm=0.05)  # the norm reads every gradient
     for name, value in torch_trained(3, 0.5, clip=0.05).items():

@@ -25,14 +25,13 @@ gets the whole values; when the selection was their only reader, XLA drops them 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
-from ..ir import Node
+from ..ir import Node, readers
 from .layout import ELEMENTWISE, Reordered
 from .values import Value, is_static
 
@@ -268,11 +267,8 @@ def plan(node: Node, args: Sequence[Value], read: Callable[[str], Value], siblin
     if selection is None or step_of(siblings[first], first, selection, read) is None:
         return None
     made = {o: i for i in range(position) for o in siblings[i].outputs if o}
-    readers: dict[str, set[int]] = defaultdict(set)
-    for i, sibling in enumerate(siblings):
-        for name in sibling.inputs:
-            readers[name].add(i)
-    if readers[start] != {position}:
+    reading = {name: set(at) for name, at in readers(siblings).items()}  # subgraphs' reads included
+    if reading[start] != {position}:
         return None
     # grow: every row-wise producer reachable through row-carrying inputs
     region: dict[str, Step] = {}
@@ -289,7 +285,7 @@ def plan(node: Node, args: Sequence[Value], read: Callable[[str], Value], siblin
     # stands (and what only it led to drops out)
     while True:
         inside = {position} | {step.position for step in region.values()}
-        kept = {n for n in region if n == start or readers[n] <= inside}
+        kept = {n for n in region if n == start or reading[n] <= inside}
         reachable, pending = set(), [start]
         while pending:
             name = pending.pop()

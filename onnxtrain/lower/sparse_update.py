@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..ir import Node
+from ..ir import Node, readers
 from .values import Value
 
 
@@ -55,14 +55,12 @@ def _tapped_jvp(primals: tuple, tangents: tuple) -> tuple:
 
 def lookups(nodes: Sequence[Node], positions: Sequence[int], xs: Sequence[str]) -> dict[str, int]:
     """Of `xs`, those read at `positions` by exactly one node, a Gather along the first axis reading it as the
-    table (not the indices): name -> that node's position."""
-    readers: dict[str, list[int]] = {}
-    for i in positions:
-        for name in set(nodes[i].inputs):
-            readers.setdefault(name, []).append(i)
+    table (not the indices, nor from a subgraph, whose part of the gradient would not be rows): name -> that
+    node's position."""
+    reading = readers(nodes, positions)
     found = {}
     for x in xs:
-        at = readers.get(x, [])
+        at = reading.get(x, [])
         if len(at) == 1:
             node = nodes[at[0]]
             if (node.op_type == "Gather" and not node.domain and node.inputs[0] == x and x not in node.inputs[1:]
@@ -88,8 +86,8 @@ def sgd_rows(node: Node, args: Sequence[Value], sparse: dict[str, SparseRows], r
     rate = read(next(n for n in mul.inputs if n != gradient))
     if np.ndim(rate) != 0 or np.result_type(rate) != np.result_type(args[0]):
         return None
-    readers = [s for s in siblings for name in s.inputs if name in (gradient, step)]
-    if len(readers) != 2:  # the Mul reading dW, this Sub reading the step
+    reading = readers(siblings)
+    if reading.get(gradient) != [made] or reading.get(step) != [position]:  # this Mul and this Sub alone
         return None
     return update_rows(args[0], sparse[gradient], rate)
 

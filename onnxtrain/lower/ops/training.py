@@ -12,7 +12,7 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from ...dtypes import is_float
 from ...errors import NodeError
-from ...ir import Graph
+from ...ir import free_names, readers
 from ..sparse_update import SparseRows, lookups, tapped
 from ..walker import NodeContext, Scope, run_node
 from ..registry import TRAINING_DOMAIN, op
@@ -42,20 +42,6 @@ def differentiated_slice(ctx: NodeContext, sources: set[str], y: str) -> list[in
             needed.update(n for n in node.inputs if n)
             needed.update(free_names(node))
     return sorted(result)
-
-
-def free_names(node) -> set[str]:
-    """Outer-scope names a node's subgraphs read (so a dependency through an If/Loop body counts)."""
-    names: set[str] = set()
-    for value in node.attributes.values():
-        for graph in value if isinstance(value, list) else [value]:
-            if isinstance(graph, Graph):
-                defined = {i.name for i in graph.inputs} | set(graph.initializers)
-                for inner in graph.nodes:
-                    names.update(n for n in inner.inputs if n and n not in defined)
-                    names.update(free_names(inner) - defined)
-                    defined.update(inner.outputs)
-    return names
 
 
 @op("Gradient", 1, domain=TRAINING_DOMAIN)
@@ -176,11 +162,7 @@ def attention_regions(nodes: Sequence, positions: list[int], y: str) -> list[lis
     read inside the region alone. Each region, as sorted positions, is recomputed in the backward pass from its
     inputs (queries, keys, values, mask), so neither the scores nor the probabilities (batch x heads x length^2
     each) are kept for it, as PyTorch's fused scaled_dot_product_attention keeps neither."""
-    readers: dict[str, list[int]] = {}
-    for i, node in enumerate(nodes):
-        for name in {*node.inputs, *free_names(node)}:
-            if name:
-                readers.setdefault(name, []).append(i)
+    reading = readers(nodes)
     maker = {o: i for i in positions for o in nodes[i].outputs if o}
     in_slice = set(positions)
 
@@ -191,7 +173,7 @@ def attention_regions(nodes: Sequence, positions: list[int], y: str) -> list[lis
         """Back from the Softmax at i through one value per step to the MatMul computing the scores."""
         chain = []
         while True:
-            flowing = [maker[n] for n in nodes[i].inputs if n in maker and n != y and readers[n] == [i]
+            flowing = [maker[n] for n in nodes[i].inputs if n in maker and n != y and reading[n] == [i]
                        and plain(maker[n], BETWEEN_PRODUCTS | {"MatMul"})]
             if len(flowing) != 1:
                 return None
@@ -208,7 +190,7 @@ def attention_regions(nodes: Sequence, positions: list[int], y: str) -> list[lis
             name = pending.pop()
             if name == y:
                 return None
-            for j in readers.get(name, []):
+            for j in reading.get(name, []):
                 if plain(j, frozenset({"MatMul"})) and nodes[j].inputs[0] == name and final in (None, j):
                     final = j
                 elif plain(j, BETWEEN_PRODUCTS) and j not in found:
