@@ -79,3 +79,9 @@ def readers(nodes: Sequence[Node], positions: Iterable[int] | None = None) -> di
             if name:
                 found.setdefault(name, []).append(i)
     return found
+
+
+def producer(nodes: Sequence[Node], before: int, name: str) -> int | None:
+    """The position of the last node before `before` that outputs `name` (None: a graph input, an initializer or
+    an outer-scope value)."""
+    return next((i for i in range(before - 1, -1, -1) if name in nodes[i].outputs), None)

@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from ..ir import Node, readers
+from ..ir import Node, producer, readers
 from .layout import ELEMENTWISE, Reordered
 from .values import Value, is_static
 
@@ -260,7 +260,7 @@ def plan(node: Node, args: Sequence[Value], read: Callable[[str], Value], siblin
     if node.op_type not in SELECTIONS or node.domain or not args or not traced_array(args[0]):
         return None
     start = node.inputs[0]
-    first = next((i for i in range(position - 1, -1, -1) if start in siblings[i].outputs), None)
+    first = producer(siblings, position, start)
     if first is None or not row_wise(siblings[first]):
         return None
     selection = selection_of(node, args)

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..ir import Node, readers
+from ..ir import Node, producer, readers
 from .values import Value
 
 
@@ -76,7 +76,7 @@ def sgd_rows(node: Node, args: Sequence[Value], sparse: dict[str, SparseRows], r
     if node.op_type != "Sub" or node.domain or len(args) != 2 or not sparse:
         return None
     step = node.inputs[1]
-    made = next((i for i in range(position - 1, -1, -1) if step in siblings[i].outputs), None)
+    made = producer(siblings, position, step)
     if made is None or siblings[made].op_type != "Mul" or siblings[made].domain:
         return None
     mul = siblings[made]
