@@ -116,10 +116,15 @@ def accepted(option: str, value: Any) -> bool:
     return True
 
 
+def convolution_options() -> dict[str, Any]:
+    """XLA-CPU's options for a program with convolutions (the ones this XLA knows)."""
+    return {**LOOP_EMITTERS, **{k: v for k, v in YNNPACK_WITHOUT_CONVOLUTION.items() if accepted(k, v)}}
+
+
 def compiler_options(nodes: Sequence[Node], platform: str) -> dict[str, Any]:
     """XLA options for the program of `nodes` on `platform` (jax.jit's compiler_options)."""
     if platform == "cpu" and any(node.op_type in CONVOLUTIONS and not node.domain for node in nodes):
-        return {**LOOP_EMITTERS, **{k: v for k, v in YNNPACK_WITHOUT_CONVOLUTION.items() if accepted(k, v)}}
+        return convolution_options()
     return {}
 
 

@@ -60,3 +60,11 @@ def test_products_prints_the_table():
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "8, " in line]
     assert len(rows) == 9, done.stdout  # three forms of each of the layer's three weight shapes
+
+
+def test_convolutions_prints_the_table():
+    command = [sys.executable, str(ROOT / "benchmarks" / "convolutions.py"), "--layers", "4x6", "--steps", "2"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "2, 4, 6" in line]
+    assert len(rows) == 3, done.stdout  # forward, input gradient and kernel gradient of the one layer
