@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tracemalloc
 
+import jax
 import numpy as np
 import onnx
 import pytest
@@ -252,3 +253,33 @@ def test_a_zero_state_name_held_non_zero_by_another_graph_keeps_those_bytes():
     assert len(kept) == 1 and np.array_equal(numpy_helper.to_array(kept[0]), numpy_helper.to_array(ones))
     dropped = next(t for t in lean.training_info[0].algorithm.initializer if t.name == "W0.adam_m")
     assert not dropped.HasField("raw_data")
+
+
+def test_a_train_step_updates_its_weights_in_place():
+    """A weight that the backward pass reads (here W1, by the input gradient of its product) is updated in the
+    buffer it was donated in: XLA-CPU's default copy insertion copied every such weight at the start of a step
+    (onnxtrain.program's IN_PLACE_UPDATES). The step's values are NumPy's SGD step."""
+    if jax.default_backend() != "cpu":
+        pytest.skip("the copies were XLA-CPU's")
+    rng = np.random.default_rng(0)
+    w0, w1 = rng.standard_normal((8, 16), np.float32) / 3, rng.standard_normal((16, 4), np.float32) / 4
+    x, target = rng.standard_normal((5, 8), np.float32), rng.standard_normal((5, 4), np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W0"], ["H"]), helper.make_node("MatMul", ["H", "W1"], ["Y"])], "mlp",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 4])],
+        [numpy_helper.from_array(w0, "W0"), numpy_helper.from_array(w1, "W1")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=0.1))
+    feeds = {"X": x, "target": target}
+    hlo = engine.lower(feeds, 0).compile().as_text()
+    entry = hlo[hlo.index("ENTRY"):]
+    parameters = [line.split("=")[0].strip() for line in entry.splitlines() if " parameter(" in line]
+    copied = [p for p in parameters if f"copy({p})" in entry]
+    assert parameters and not copied, copied
+    engine.train_step(feeds)
+    h = x @ w0
+    dy = 2 * (h @ w1 - target) / target.size
+    state = {name: np.asarray(value) for name, value in engine.state.items()}
+    np.testing.assert_allclose(state["W1"], w1 - 0.1 * h.T @ dy, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(state["W0"], w0 - 0.1 * x.T @ (dy @ w1.T), rtol=1e-5, atol=1e-6)
