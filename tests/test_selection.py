@@ -437,3 +437,21 @@ def test_a_sequence_classifier_picking_each_last_token_trains_as_pytorch_on_thos
         expected.append(loss.item())
     np.testing.assert_allclose(losses, expected, rtol=1e-4)
     assert "f32[16,128]" not in compiled_text(engine, feeds, algorithm=0)  # the feed-forward over all 16 tokens
+
+
+@pytest.mark.parametrize("op,indices", [("Gather", np.array([5], np.int64)), ("GatherND", np.array([[0, 7]], np.int64))])
+def test_an_index_out_of_range_is_the_selections_own_error_with_rows_followed_or_not(op, indices):
+    """A selection of a row-wise op's result plans on the rows, before the node runs; an index out of range is
+    still the node's own error, worded as where nothing precedes it."""
+    messages = []
+    for data in ("R", "X"):  # the Relu's rows are followed; the graph input has no producer to follow
+        graph = helper.make_graph(
+            [helper.make_node("Relu", ["X"], ["R"]), helper.make_node(op, [data, "I"], ["Y"])], "g",
+            [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 4, 3])],
+            [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4, 3] if op == "Gather" else [1, 3])],
+            [numpy_helper.from_array(indices, "I")])
+        engine = onnxtrain.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+        with pytest.raises(onnxtrain.errors.NodeError, match=f"{op}: IndexError: index") as raised:
+            engine.infer({"X": rand(2, 4, 3)})
+        messages.append(str(raised.value).split("IndexError: ")[1])
+    assert messages[0] == messages[1]

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..ir import Node, producer, readers
+from .axes import wrap_indices
 from .layout import ELEMENTWISE, Reordered
 from .values import Value, is_static
 
@@ -45,10 +46,9 @@ def _gather(node: Node, args: Sequence[Value]) -> tuple[list[int], Taken] | None
     axis, indices = int(node.attributes.get("axis", 0)), np.asarray(args[1])
 
     def take(rows: np.ndarray) -> np.ndarray | None:
-        size = rows.shape[axis]
-        if indices.dtype.kind not in "iu" or ((indices < -size) | (indices >= size)).any():
+        if indices.dtype.kind not in "iu":
             return None  # the node's own lowering names the error
-        return np.take(rows, np.where(indices < 0, indices + size, indices), axis=axis)
+        return np.take(rows, wrap_indices(indices, rows.shape[axis]), axis=axis)
 
     return [axis], take
 
@@ -87,9 +87,8 @@ def _gather_nd(node: Node, args: Sequence[Value]) -> tuple[list[int], Taken] | N
     xp = np if is_static(indices) else jnp
 
     def take(rows: np.ndarray) -> Any:
-        at = tuple(xp.where(indices[..., j] < 0, indices[..., j] + rows.shape[j], indices[..., j])
-                   for j in range(depth))
-        return xp.asarray(rows)[at]
+        at = wrap_indices(indices, np.array(rows.shape[:depth]))
+        return xp.asarray(rows)[tuple(at[..., j] for j in range(depth))]
 
     return list(range(depth)), take
 

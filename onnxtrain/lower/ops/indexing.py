@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...dtypes import is_float
-from ..axes import normalize_axis
+from ..axes import normalize_axis, wrap_indices
 from ..registry import op, versions
-from ..values import Value, is_static, is_text, static, static_int
+from ..values import Value, is_text, static, static_int
 
 
 def _xp(*tensors: Value) -> Any:
@@ -29,18 +29,6 @@ def _host(value: Value, what: str, xp: Any) -> Value:
     return static(value, what) if xp is np else value
 
 
-def _wrap(indices: Value, size: int | np.ndarray) -> Value:
-    """Negative indices count from the end. `size` broadcasts against `indices` (one size per index column)."""
-    if is_static(indices):
-        idx = np.asarray(indices)
-        sizes = np.broadcast_to(np.asarray(size, dtype=np.int64), idx.shape)
-        bad = (idx < -sizes) | (idx >= sizes)
-        if bad.any():
-            raise IndexError(f"index {idx[bad][0]} is out of range for an axis of size {sizes[bad][0]}")
-        return np.where(idx < 0, idx + sizes, idx).astype(np.int64)
-    return jnp.where(indices < 0, indices + jnp.asarray(size, dtype=indices.dtype), indices)
-
-
 # ---- gathers -------------------------------------------------------------------------------------------------
 
 
@@ -48,7 +36,7 @@ def _wrap(indices: Value, size: int | np.ndarray) -> Value:
 def gather(data: Value, indices: Value, *, axis: int = 0) -> Value:
     axis = normalize_axis(axis, np.ndim(data))
     xp = _xp(data)
-    return xp.take(data, _wrap(_host(indices, "indices", xp), np.shape(data)[axis]), axis=axis)
+    return xp.take(data, wrap_indices(_host(indices, "indices", xp), np.shape(data)[axis]), axis=axis)
 
 
 @op("GatherElements", *versions("GatherElements"))
@@ -60,7 +48,7 @@ def gather_elements(data: Value, indices: Value, *, axis: int = 0) -> Value:
     block = tuple(slice(None) if d == axis else slice(0, n) for d, n in enumerate(np.shape(indices)))
     xp = _xp(data)
     data = xp.asarray(data)[block]
-    return xp.take_along_axis(data, _wrap(_host(indices, "indices", xp), data.shape[axis]), axis=axis)
+    return xp.take_along_axis(data, wrap_indices(_host(indices, "indices", xp), data.shape[axis]), axis=axis)
 
 
 @op("GatherND", *versions("GatherND"))
@@ -72,7 +60,7 @@ def gather_nd(data: Value, indices: Value, *, batch_dims: int = 0) -> Value:
     if data_shape[:b] != index_shape[:b]:
         raise ValueError(f"the {b} batch dimensions differ: data {data_shape[:b]}, indices {index_shape[:b]}")
     xp = _xp(data)
-    positions = _wrap(_host(indices, "indices", xp), np.array(data_shape[b : b + depth]))
+    positions = wrap_indices(_host(indices, "indices", xp), np.array(data_shape[b : b + depth]))
     # Fold the batch dimensions into one so a single advanced-indexing gather serves every batch_dims.
     batches, per_batch = int(np.prod(data_shape[:b])), int(np.prod(index_shape[b:-1]))
     flat_data = xp.asarray(data).reshape((batches,) + data_shape[b:])
@@ -106,7 +94,7 @@ def scatter_elements(data: Value, indices: Value, updates: Value, *, axis: int =
     if np.shape(indices) != np.shape(updates):
         raise ValueError(f"indices {np.shape(indices)} and updates {np.shape(updates)} must have the same shape")
     where = list(np.indices(np.shape(indices), sparse=True))
-    where[axis] = _wrap(indices, np.shape(data)[axis])
+    where[axis] = wrap_indices(indices, np.shape(data)[axis])
     return _scatter(data, tuple(where), updates, reduction)
 
 
@@ -116,7 +104,7 @@ def scatter_nd(data: Value, indices: Value, updates: Value, *, reduction: str = 
     expected = np.shape(indices)[:-1] + np.shape(data)[depth:]
     if np.shape(updates) != expected:
         raise ValueError(f"updates have shape {np.shape(updates)}, expected {expected}")
-    positions = _wrap(indices, np.array(np.shape(data)[:depth]))
+    positions = wrap_indices(indices, np.array(np.shape(data)[:depth]))
     return _scatter(data, tuple(positions[..., j] for j in range(depth)), updates, reduction)
 
 

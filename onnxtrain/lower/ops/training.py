@@ -13,6 +13,7 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from ...dtypes import is_float
 from ...errors import NodeError
 from ...ir import free_names, readers
+from ..axes import wrap_indices
 from ..sparse_update import SparseRows, lookups, tapped
 from ..walker import NodeContext, Scope, run_node
 from ..registry import TRAINING_DOMAIN, op
@@ -111,9 +112,12 @@ def table_lookups(ctx: NodeContext, positions: list[int], xs: list[str]) -> dict
     for x, i in lookups(ctx.siblings, positions, xs).items():
         name = ctx.siblings[i].inputs[1]
         if name and name not in made_here and name in ctx.scope:
-            indices, size = ctx.scope[name], ctx.scope[x].shape[0]
+            indices = ctx.scope[name]
             if jnp.issubdtype(jnp.result_type(indices), jnp.integer):
-                found[xs.index(x)] = (i, jnp.where(indices < 0, indices + size, indices))
+                try:
+                    found[xs.index(x)] = (i, jnp.asarray(wrap_indices(indices, ctx.scope[x].shape[0])))
+                except IndexError:  # left to the Gather, which names its own error
+                    continue
     return found
 
 
