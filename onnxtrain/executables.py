@@ -144,7 +144,7 @@ class ExecutableStore:
             self.folder.mkdir(parents=True, exist_ok=True)
             replace_atomically(entry.path, lambda stream: stream.write(data), durable=False)
             pruned_once(self.folder)
-        except (ValueError, NotImplementedError, OSError, pickle.PicklingError):
+        except (ValueError, NotImplementedError, OSError, pickle.PicklingError, jax.errors.JaxRuntimeError):
             return
 
 

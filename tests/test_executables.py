@@ -25,6 +25,12 @@ import onnxtrain
 if "OTHER_VERSION" in os.environ:  # another onnxtrain: the store's entries are keyed on its sources
     import onnxtrain.executables
     onnxtrain.executables.source_digest = lambda: os.environ["OTHER_VERSION"].encode()
+if "SERIALIZE_FAILS" in os.environ:  # XLA refuses to serialize the executable, as XLA-CPU does some
+    import onnxtrain.executables
+
+    def refuse(executable):
+        raise jax.errors.JaxRuntimeError(os.environ["SERIALIZE_FAILS"])
+    onnxtrain.executables.serialize_executable.serialize = refuse
 
 traces = []
 jax.monitoring.register_event_duration_secs_listener(
@@ -53,10 +59,11 @@ def environment(cache: Path | None) -> dict[str, str]:
 
 
 def run(path: Path, cache: Path | None, rows: int = 4, steps: int = 3, export: Path | None = None,
-        version: str | None = None, **options) -> dict:
+        version: str | None = None, serialize_error: str | None = None, **options) -> dict:
     """CHILD's report; `cache` None: the persistent caches off; `export`: where the trained model goes;
-    `version`: as if another version of onnxtrain ran."""
-    env = {**environment(cache), **({"OTHER_VERSION": version} if version else {})}
+    `version`: as if another version of onnxtrain ran; `serialize_error`: XLA's error for every serialization."""
+    env = {**environment(cache), **({"OTHER_VERSION": version} if version else {}),
+           **({"SERIALIZE_FAILS": serialize_error} if serialize_error else {})}
     command = [sys.executable, "-c", CHILD, str(path), str(rows), str(steps), json.dumps(options)]
     done = subprocess.run(command + ([str(export)] if export else []), capture_output=True, text=True, env=env,
                           cwd=Path(__file__).parent)
@@ -144,6 +151,19 @@ def test_another_version_that_compiles_the_same_program_gets_it_from_jaxs_cache(
         other = run(path, cache, version="next")
         assert other["traces"] >= 2 and other == {**first, "traces": other["traces"]}
         assert programs(cache) == stored
+
+
+def test_a_program_xla_cannot_serialize_trains_and_is_not_stored(tmp_path):
+    """XLA-CPU refuses to serialize some executables (one planned in several temporary blocks: "Multiple temp
+    buffer allocations found"); the store is best effort, so the step still runs and the program is traced again
+    in the next process."""
+    path = tmp_path / "linear.onnx"
+    onnx.save(linear_regression(W0, B0, lr=0.1), path)
+    for _ in range(2):
+        result = run(path, tmp_path / "cache", serialize_error="INTERNAL: Multiple temp buffer allocations found")
+        assert_sgd(result, 0.1)
+        assert result["traces"] >= 2
+    assert programs(tmp_path / "cache") == []
 
 
 def test_a_damaged_store_is_a_miss_not_a_failure(tmp_path):
