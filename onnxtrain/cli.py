@@ -4,6 +4,7 @@ fails (diverges, or a step fails on the device) is one clear line and exit statu
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import zipfile
 from pathlib import Path
@@ -15,7 +16,7 @@ from .dtypes import type_name
 from .engine import load
 from .errors import DivergenceError, OnnxTrainError, StepError
 from .export import save_atomic
-from .host_memory import retain_freed_memory
+from .host_memory import HUGE_PAGES, retain_freed_memory, with_huge_pages
 from .lower.autocast import COMPUTE_DTYPES
 from .loop import array_batches, fit
 from .model import read_model
@@ -104,6 +105,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         raise OnnxTrainError("--shard-state splits the state over several devices: give --devices N with N > 1")
     if args.retain_freed_memory and not retain_freed_memory():
         print("--retain-freed-memory: this C library does not take the setting (glibc only); training without it")
+    if f"{HUGE_PAGES}=1" in os.environ.get("GLIBC_TUNABLES", ""):
+        print(f"host memory: malloc in transparent huge pages ({HUGE_PAGES}=1)")
     engine = load(args.model, seed=args.seed, devices=devices(args.devices), shard_state=args.shard_state,
                   mixed_precision=args.mixed_precision, loss_scale=args.loss_scale, remat=args.remat)
     if engine.batch_sharding is not None:
@@ -225,6 +228,20 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def console() -> int:
+    """The `onnxtrain` command. `train` restarts itself once, before any work, with malloc's huge pages on
+    (host_memory.with_huge_pages: a step's temporaries fault in 2 MB at a time), since glibc reads that setting
+    at process start only; GLIBC_TUNABLES naming glibc.malloc.hugetlb (=0 to refuse) is left as it is."""
+    if sys.argv[1:2] == ["train"]:
+        environment = with_huge_pages(os.environ)
+        if environment is not None:
+            try:
+                os.execve(sys.executable, [sys.executable, "-m", "onnxtrain.cli", *sys.argv[1:]], environment)
+            except OSError:  # no interpreter to start again (an embedded one): train as the process is
+                pass
+    return main()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -242,4 +259,4 @@ def fail(exc: Exception, status: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

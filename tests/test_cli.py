@@ -12,6 +12,7 @@ import onnx
 import pytest
 
 import onnxtrain
+from onnxtrain import host_memory
 
 EXAMPLE = Path(onnxtrain.__file__).parent / "examples"
 MODEL, DATA = EXAMPLE / "regression.onnx", EXAMPLE / "regression.npz"
@@ -142,3 +143,40 @@ def test_train_flags_keep_sgds_numbers(tmp_path, flag: str):
     trained = {t.name: numpy_helper.to_array(t) for t in onnx.load(tmp_path / "out.onnx").graph.initializer}
     np.testing.assert_allclose(trained["W"], w, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(trained["B"], b, rtol=1e-5, atol=1e-6)
+
+
+def environment_without_tunables() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+
+
+def test_train_restarts_once_with_malloc_in_huge_pages(tmp_path):
+    """glibc reads its tunables at process start only, so `onnxtrain train` starts itself again with them
+    (onnxtrain.host_memory.with_huge_pages); the restarted process trains as before."""
+    if host_memory.with_huge_pages(environment_without_tunables()) is None:
+        pytest.skip("not glibc 2.35 or later, or no transparent huge pages on this kernel")
+    out = tmp_path / "trained.onnx"
+    result = cli("train", MODEL, "--data", DATA, "--steps", 20, "--batch-size", 64, "-o", out,
+                 env=environment_without_tunables())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("host memory: malloc in transparent huge pages") == 1, result.stdout
+    first, last = (float(v) for v in result.stdout.split("loss ")[-1].split(" over")[0].split(" -> "))
+    assert last < first
+
+
+def test_train_keeps_the_users_own_huge_page_choice():
+    env = {**environment_without_tunables(), "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}
+    result = cli("train", MODEL, "--data", DATA, "--steps", 2, "--batch-size", 64, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "host memory" not in result.stdout
+
+
+def test_huge_pages_join_the_users_other_tunables(monkeypatch):
+    if host_memory.glibc() is None or host_memory.glibc_version(host_memory.glibc()) < (2, 35):
+        pytest.skip("glibc 2.35 or later")
+    monkeypatch.setattr(host_memory, "TRANSPARENT_HUGE_PAGES", Path(os.devnull))  # reads "": not [never]
+    added = host_memory.with_huge_pages({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "HOME": "/h"})
+    assert added == {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1", "HOME": "/h"}
+    assert host_memory.with_huge_pages({})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    assert host_memory.with_huge_pages({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is None
+    monkeypatch.setattr(host_memory, "glibc", lambda: None)  # another C library: nothing to set
+    assert host_memory.with_huge_pages({}) is None
