@@ -1,7 +1,8 @@
 """Real-size models: onnxtrain against PyTorch eager on BERT-base, GPT-2, T5-small, ResNet-18, MobileNetV3-small.
 
     python benchmarks/realsize.py [--models bert-base,gpt2,...] [--batch 2] [--steps 10] [--exporter dynamo]
-                                  [--mixed-precision bfloat16|float16] [--remat | --remat-attention] [--retain] [--jax]
+                                  [--mixed-precision bfloat16|float16] [--remat | --remat-attention] [--retain]
+                                  [--huge-pages] [--jax]
                                   [--device cpu|gpu]
                                   [--quick] [--write]
 
@@ -19,7 +20,9 @@ PyTorch's step under `torch.autocast(device, dtype)`. `--remat` adds onnxtrain's
 `--remat-attention` the same with `load(remat="attention")` (only the attentions' scores and probabilities
 recomputed). `--retain` adds
 both peers' train step (timed in one process of their own) and peak memory with glibc's malloc keeping freed
-memory for reuse (onnxtrain.retain_freed_memory's settings, for the whole process: both peers have them). `--jax` adds
+memory for reuse (onnxtrain.retain_freed_memory's settings, for the whole process: both peers have them);
+`--huge-pages` the same with malloc in transparent huge pages (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, what
+`onnxtrain train` starts itself with). `--jax` adds
 a column for the same model written by hand in JAX + optax, where one exists (GPT-2: jax_gpt2.py). `--device gpu`
 runs onnxtrain on JAX's GPU and PyTorch on CUDA (float32 products in full float32 for both: PyTorch's TF32 is
 turned off), and measures peak GPU memory (the allocators' peak bytes in use) instead of resident memory.
@@ -257,17 +260,23 @@ def child(spec: str, folder: Path, batch: int, steps: int, mixed: str | None, re
     print(json.dumps({"first": first, "peak": peak, "settled": rss_kib("VmRSS") * 1024}))
 
 
+def process_settings() -> dict[str, tuple[str, dict[str, str]]]:
+    """This script's flag -> (its rows' label, the environment both peers' processes start with)."""
+    from onnxtrain.host_memory import ENVIRONMENT, HUGE_PAGES
+
+    return {"retain": ("freed memory retained", ENVIRONMENT),
+            "huge_pages": ("malloc in huge pages", {"GLIBC_TUNABLES": f"{HUGE_PAGES}=1"})}
+
+
 def fresh(name: str, which: str, folder: Path, batch: int, steps: int, cache: str,
-          mixed: str | None = None, remat: bool | str = False, retain: bool = False) -> dict[str, Any]:
-    """`child` in a new process; `cache` is ONNXTRAIN_CACHE_DIR ("" disables the persistent cache); `retain`:
-    the process started with onnxtrain.host_memory's settings (freed memory kept for reuse) instead of
-    MALLOC_ENV's."""
+          mixed: str | None = None, remat: bool | str = False,
+          environment: dict[str, str] | None = None) -> dict[str, Any]:
+    """`child` in a new process; `cache` is ONNXTRAIN_CACHE_DIR ("" disables the persistent cache);
+    `environment`: the process's allocator settings (one of `process_settings`) instead of MALLOC_ENV's."""
     command = [sys.executable, __file__, "--child", f"{name}:{which}", "--kit", str(folder), "--batch", str(batch),
                "--steps", str(steps), "--device", DEVICE["name"]] + (["--mixed-precision", mixed] if mixed else [])
     command += [REMAT_FLAGS[remat]] if remat else []
-    from onnxtrain.host_memory import ENVIRONMENT
-
-    env = {**os.environ, **(ENVIRONMENT if retain else MALLOC_ENV), "ONNXTRAIN_CACHE_DIR": cache}
+    env = {**os.environ, **(MALLOC_ENV if environment is None else environment), "ONNXTRAIN_CACHE_DIR": cache}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
         raise RuntimeError(f"fresh child {name}:{which} failed:\n{done.stderr[-3000:]}")
@@ -304,8 +313,9 @@ class Timings:
 
 
 def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int, mixed: str | None = None,
-               remat: bool | str = False, with_jax: bool = False, retain: bool = False) -> list[Row]:
-    """`with_jax`: also the hand-written JAX peer, where `name` has one (JAX_PEERS), in a column of its own."""
+               remat: bool | str = False, with_jax: bool = False, settings: tuple[str, ...] = ()) -> list[Row]:
+    """`with_jax`: also the hand-written JAX peer, where `name` has one (JAX_PEERS), in a column of its own;
+    `settings`: keys of `process_settings`, each adding both peers' train step and peak memory under it."""
     folder = exported(name, exporter, batch)
     train_ot, infer_ot = onnxtrain_peer(folder, batch)
     train_pt, infer_pt = torch_peer(name, batch)
@@ -359,14 +369,15 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int, mi
             timed.row(name, f"train step, {REMAT_ROWS[remat]} (ms)", "remat onnxtrain", "train torch"),
             Row(name, f"{memory}, {REMAT_ROWS[remat]} (MB)", ours["peak"] / mb, torch_child["peak"] / mb),
         ]
-    if retain:
-        timed_child = fresh(name, "timing", folder, batch, steps, "", retain=True)
-        ours = fresh(name, "onnxtrain", folder, batch, memory_steps, "", retain=True)
-        theirs = fresh(name, "torch", folder, batch, memory_steps, "", retain=True)
+    for setting in settings:
+        label, environment = process_settings()[setting]
+        timed_child = fresh(name, "timing", folder, batch, steps, "", environment=environment)
+        ours = fresh(name, "onnxtrain", folder, batch, memory_steps, "", environment=environment)
+        theirs = fresh(name, "torch", folder, batch, memory_steps, "", environment=environment)
         rows += [
-            Row(name, "train step, freed memory retained (ms)", timed_child["ours"], timed_child["theirs"],
+            Row(name, f"train step, {label} (ms)", timed_child["ours"], timed_child["theirs"],
                 tuple(timed_child["spread"])),
-            Row(name, f"{memory}, freed memory retained (MB)", ours["peak"] / mb, theirs["peak"] / mb),
+            Row(name, f"{memory}, {label} (MB)", ours["peak"] / mb, theirs["peak"] / mb),
         ]
     return rows
 
@@ -417,6 +428,9 @@ def main(argv: list[str]) -> None:
     args.add_argument("--retain", action="store_true",
                       help="also the train step and peak memory of both peers in processes started with "
                       "onnxtrain.retain_freed_memory's settings (freed host memory kept for reuse)")
+    args.add_argument("--huge-pages", action="store_true",
+                      help="also the train step and peak memory of both peers in processes started with malloc in "
+                      "transparent huge pages (glibc.malloc.hugetlb=1, as `onnxtrain train` runs)")
     args.add_argument("--jax", action="store_true",
                       help="also the hand-written JAX peer where a model has one (gpt2: benchmarks/jax_gpt2.py)")
     args.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
@@ -446,7 +460,7 @@ def main(argv: list[str]) -> None:
     for name in opts.models.split(","):
         print(f"# measuring {name} ...", flush=True)
         measured = model_rows(name, opts.exporter, opts.batch, steps, rounds, opts.mixed_precision, opts.remat,
-                              opts.jax, opts.retain)
+                              opts.jax, tuple(k for k in ("retain", "huge_pages") if getattr(opts, k)))
         print(table(measured), flush=True)  # each model's rows as they come: a run cut short keeps them
         rows += measured
     machine = f"{cpu_name()}, {os.cpu_count()} cores"

@@ -42,14 +42,15 @@ def test_kernels_lists_each_peers_kernels_per_step():
 
 def test_realsize_quick_prints_the_table():
     command = [sys.executable, str(ROOT / "benchmarks" / "realsize.py"), "--quick", "--models", "resnet18",
-               "--steps", "1", "--mixed-precision", "bfloat16", "--remat", "--retain"]
+               "--steps", "1", "--mixed-precision", "bfloat16", "--remat", "--retain", "--huge-pages"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| model | measurement | onnxtrain | PyTorch | ÷ PyTorch |" in done.stdout
     for measurement in ("train step (ms)", "infer (ms)", "first train step, cold (s)",
                         "first train step, warm cache (s)", "peak RSS (MB)", "train step, bfloat16 (ms)",
                         "peak RSS, bfloat16 (MB)", "train step, remat (ms)", "peak RSS, remat (MB)",
-                        "train step, freed memory retained (ms)", "peak RSS, freed memory retained (MB)"):
+                        "train step, freed memory retained (ms)", "peak RSS, freed memory retained (MB)",
+                        "train step, malloc in huge pages (ms)", "peak RSS, malloc in huge pages (MB)"):
         assert f"| resnet18 | {measurement} |" in done.stdout, done.stdout
 
 
