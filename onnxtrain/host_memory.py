@@ -11,6 +11,10 @@ keeps its high-water mark and fragments (peak resident memory 1.1-1.7x measured)
 on import: a training script with memory to spare calls `retain_freed_memory()` first thing, and `onnxtrain train
 --retain-freed-memory` does.
 
+A lighter way, with no memory kept: started with glibc's tunable `glibc.malloc.hugetlb=1`, a process gets those
+blocks in transparent huge pages, a fault per 2 MB instead of per 4 kB (`with_huge_pages` gives the environment;
+`onnxtrain train` starts itself with it).
+
 The other way round, XLA's compiler leaves the heap fragmented: the memory it frees after a compile (or after
 reading an executable from the persistent cache) sits between blocks that stay, where glibc never returns it
 on its own. onnxtrain hands those free pages back after every compile of a tenth of a second or more
