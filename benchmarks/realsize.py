@@ -460,7 +460,7 @@ def main(argv: list[str]) -> None:
     for name in opts.models.split(","):
         print(f"# measuring {name} ...", flush=True)
         measured = model_rows(name, opts.exporter, opts.batch, steps, rounds, opts.mixed_precision, opts.remat,
-                              opts.jax, tuple(k for k in ("retain", "huge_pages") if getattr(opts, k)))
+                              opts.jax, tuple(k for k in process_settings() if getattr(opts, k)))
         print(table(measured), flush=True)  # each model's rows as they come: a run cut short keeps them
         rows += measured
     machine = f"{cpu_name()}, {os.cpu_count()} cores"
