@@ -4,6 +4,7 @@ fails (diverges, or a step fails on the device) is one clear line and exit statu
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import sys
 import zipfile
@@ -231,19 +232,26 @@ def parser() -> argparse.ArgumentParser:
 def console() -> int:
     """The `onnxtrain` command. `train` restarts itself once, before any work, with malloc's huge pages on
     (host_memory.with_huge_pages: a step's temporaries fault in 2 MB at a time), since glibc reads that setting
-    at process start only; GLIBC_TUNABLES naming glibc.malloc.hugetlb (=0 to refuse) is left as it is."""
-    if sys.argv[1:2] == ["train"]:
+    at process start only; GLIBC_TUNABLES naming glibc.malloc.hugetlb (=0 to refuse) is left as it is, and so is
+    a run with --retain-freed-memory (no temporaries are faulted in anew to spare: one malloc policy at a time).
+    A crash in native code (XLA, the C library) prints the Python stack it happened under (faulthandler)."""
+    faulthandler.enable()
+    args = parser().parse_args()
+    if args.run is cmd_train and not args.retain_freed_memory:
         environment = with_huge_pages(os.environ)
         if environment is not None:
             try:
                 os.execve(sys.executable, [sys.executable, "-m", "onnxtrain.cli", *sys.argv[1:]], environment)
             except OSError:  # no interpreter to start again (an embedded one): train as the process is
                 pass
-    return main()
+    return run(args)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    return run(parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
     try:
         args.run(args)
     except (DivergenceError, StepError) as exc:
