@@ -132,15 +132,27 @@ SEQUENTIAL_SCHEDULE = {"xla_cpu_enable_concurrency_optimized_scheduler": False}
 IN_PLACE_UPDATES = {"xla_cpu_copy_insertion_use_region_analysis": True}
 CPU_OPTIONS = {**SEQUENTIAL_SCHEDULE, **IN_PLACE_UPDATES}
 
+# XLA-CPU plans a run's temporaries as one block (ResNet-18's train step at batch 2: 89 MB, BERT-base's 265 MB),
+# which glibc maps afresh for every run and unmaps after (a block over 32 MiB, allocated by XLA's threads), so each
+# step faults in every page of it: ~22,000 faults and 50-60 ms of kernel time a ResNet-18 step. Planned in heaps
+# of 16 MiB, the blocks come back from malloc's free lists: train step 0.88x (ResNet-18) and 0.93x (BERT-base),
+# 0.94x and 0.90x in a process with malloc in huge pages (benchmarks/README.md). XLA-CPU cannot serialize an
+# executable planned so ("Multiple temp buffer allocations"), so the store of programs and JAX's cache keep the
+# one-block plan, and a program that has run SPLIT_AFTER_CALLS times, a long run by then, is compiled once more in
+# heaps (BERT-base: ~4 s, won back within ~60 steps). Same computation, same numbers bit for bit.
+SPLIT_HEAPS = {"xla_multiheap_size_constraint_per_heap": 16 << 20}
+SPLIT_ABOVE_BYTES = 32 << 20  # glibc's largest mmap threshold: a smaller block comes back from its free lists
+SPLIT_AFTER_CALLS = 20
 
-def known(options: dict[str, Any]) -> dict[str, Any]:
+
+def known_options(options: dict[str, Any]) -> dict[str, Any]:
     """The options this XLA takes (an older or newer one may not know an option or enum value)."""
     return {k: v for k, v in options.items() if accepted(k, v)}
 
 
 def convolution_options() -> dict[str, Any]:
     """XLA-CPU's options for a program with convolutions."""
-    return {**LOOP_EMITTERS, **known({**CPU_OPTIONS, **YNNPACK_WITHOUT_CONVOLUTION})}
+    return {**LOOP_EMITTERS, **known_options({**CPU_OPTIONS, **YNNPACK_WITHOUT_CONVOLUTION})}
 
 
 def compiler_options(nodes: Sequence[Node], platform: str) -> dict[str, Any]:
@@ -149,7 +161,13 @@ def compiler_options(nodes: Sequence[Node], platform: str) -> dict[str, Any]:
         return {}
     if any(node.op_type in CONVOLUTIONS and not node.domain for node in nodes):
         return convolution_options()
-    return known(CPU_OPTIONS)
+    return known_options(CPU_OPTIONS)
+
+
+def temporaries(executable: jax.stages.Compiled) -> int:
+    """The bytes of temporaries XLA planned for one run (0 where it does not say)."""
+    analysis = executable.memory_analysis()
+    return 0 if analysis is None else analysis.temp_size_in_bytes
 
 
 class Program:
@@ -184,6 +202,7 @@ class Program:
         self.cache: dict[tuple, Callable] = {}
         self.host_outputs: dict[tuple, dict[str, np.ndarray]] = {}
         self.trace_count = 0
+        self.calls: dict[tuple, int] = {}  # per static key, up to SPLIT_AFTER_CALLS
         trim_after_compiles()  # the compiler's freed heap goes back to the system (host_memory.py)
 
     def _compiled(self, static: Mapping[str, Any]) -> tuple[Callable, tuple]:
@@ -219,10 +238,14 @@ class Program:
         return self._specialised(lambda fn, key, traced: fn.lower(self.constants, *arrays, traced), feeds)[0]
 
     def _run(self, fn: Callable, key: tuple, args: tuple) -> Any:
-        """`fn(*args)`, through an executable of the store where the engine has one."""
-        if self.store is None or key:  # no store, or a program specialised to static feeds: jax.jit alone
-            return fn(*args)
+        """`fn(*args)`, through this program's own executables where it has one for `args`' signature (read
+        from the store, or planned in heaps after SPLIT_AFTER_CALLS calls)."""
         known = self.executables.setdefault(key, [])
+        calls = self.calls.get(key, 0)
+        if calls < SPLIT_AFTER_CALLS:
+            self.calls[key] = calls + 1
+            if calls + 1 == SPLIT_AFTER_CALLS and not key and self.platform == "cpu":
+                self._split_heaps(fn, args, known)
         for i, executable in enumerate(known):
             try:
                 result = executable(*args)
@@ -230,11 +253,26 @@ class Program:
                 continue
             known.insert(0, known.pop(i))
             return result
-        executable = self._prepared(key, args)
-        if executable is None:
+        executable = None if self.store is None or key else self._prepared(key, args)
+        if executable is None:  # no store, or a program specialised to static feeds: jax.jit alone
             return fn(*args)
         known.insert(0, executable)
         return executable(*args)
+
+    def _split_heaps(self, fn: Callable, args: tuple, known: list[jax.stages.Compiled]) -> None:
+        """Put first in `known` the program for `args` compiled with its temporaries in heaps, where its plan in
+        one block (the stored executables', else jax.jit's own, which lowering again reads from jax's in-memory
+        cache) is larger than malloc reuses."""
+        options = known_options(SPLIT_HEAPS)
+        plans = known or [fn.lower(*args).compile()]
+        if not options or max(temporaries(plan) for plan in plans) <= SPLIT_ABOVE_BYTES:
+            return
+        with warnings.catch_warnings():  # JAX's persistent cache tries to keep it, and XLA cannot serialize it
+            warnings.filterwarnings("ignore", "Error writing persistent compilation cache entry")
+            try:
+                known.insert(0, fn.lower(*args).compile(compiler_options=options))
+            except jax.errors.JaxRuntimeError:  # a plan XLA cannot make: the one-block plan serves on
+                pass
 
     def _prepared(self, key: tuple, args: tuple) -> jax.stages.Compiled | None:
         """The executable for `args`' signature: read from the store, else traced, compiled and stored."""

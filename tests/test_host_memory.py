@@ -1,7 +1,8 @@
 """Host memory (onnxtrain/host_memory.py), each in a fresh process (the settings are the whole process's and must
 come before its threads allocate). retain_freed_memory: a compiled program's temporaries are reused from step to
 step instead of being faulted in anew (counted, not timed: the process's minor page faults per call). Otherwise
-the heap's free pages go back to the system after each compile (resident memory, read from /proc)."""
+the heap's free pages go back to the system after each compile (resident memory, read from /proc). And in this
+process: a long run's program is planned with its temporaries in heaps malloc reuses (program.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import numpy as np
+import onnx
 import pytest
+from jax.experimental import serialize_executable
+from onnx import TensorProto, helper, numpy_helper
 
-from onnxtrain import host_memory
+import onnxtrain
+from onnxtrain import host_memory, program
 
 PROGRAM = """
 import resource, sys
@@ -100,3 +107,91 @@ def test_the_heaps_free_pages_go_back_to_the_system_after_a_compile_unless_retai
     for _ in ("compiled", "read from the store"):
         assert printed(TRIM_PROGRAM, "plain", tmp_path) > 120  # MB released, less what the model took
     assert printed(TRIM_PROGRAM, "retain") < 50
+
+
+
+LAYERS, FEATURES, LR = 8, 128, 0.5
+
+
+def deep_tanh_mlp(weights: list[np.ndarray]) -> onnx.ModelProto:
+    """h_{i+1} = Tanh(h_i W_i), SGD on the mean squared error: a step keeps every layer's activations for the
+    backward pass, at batch 8192 eight [8192, 128] arrays and their gradients, 36 MiB of temporaries in all."""
+    nodes = [node for i in range(LAYERS) for node in (helper.make_node("MatMul", [f"h{i}", f"W{i}"], [f"p{i}"]),
+                                                       helper.make_node("Tanh", [f"p{i}"], [f"h{i + 1}"]))]
+    graph = helper.make_graph(
+        nodes, "deep", [helper.make_tensor_value_info("h0", TensorProto.FLOAT, ["N", FEATURES])],
+        [helper.make_tensor_value_info(f"h{LAYERS}", TensorProto.FLOAT, ["N", FEATURES])],
+        [numpy_helper.from_array(w, f"W{i}") for i, w in enumerate(weights)])
+    return onnxtrain.make_trainable(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                                    loss="mse", optimizer="sgd", learning_rate=LR)
+
+
+def numpy_sgd(weights: list[np.ndarray], x: np.ndarray, t: np.ndarray, steps: int) -> list[np.ndarray]:
+    ws = [w.astype(np.float64) for w in weights]
+    for _ in range(steps):
+        hs = [x.astype(np.float64)]
+        for w in ws:
+            hs.append(np.tanh(hs[-1] @ w))
+        g = 2 / t.size * (hs[-1] - t)  # d mean((h_L - T)^2) / d h_L
+        for i in reversed(range(LAYERS)):
+            g = g * (1 - hs[i + 1] ** 2)  # through Tanh
+            g, ws[i] = g @ ws[i].T, ws[i] - LR * hs[i].T @ g
+    return ws
+
+
+def random_deep_mlp(batch: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """(weights, X, T)"""
+    rng = np.random.default_rng(0)
+    weights = [(rng.standard_normal((FEATURES, FEATURES)) / np.sqrt(FEATURES)).astype(np.float32)
+               for _ in range(LAYERS)]
+    x = rng.standard_normal((batch, FEATURES)).astype(np.float32)
+    return weights, x, np.tanh(x)
+
+
+@pytest.mark.parametrize("batch", [8192, 1024])
+def test_a_long_run_plans_big_temporaries_in_heaps_with_the_same_numbers(monkeypatch, batch: int):
+    """After SPLIT_AFTER_CALLS calls (3 here), a program whose temporaries are more than malloc reuses
+    (SPLIT_ABOVE_BYTES: batch 8192, not 1024) is compiled again with them in heaps of 16 MiB (program.py). The
+    program in use is then one XLA cannot serialize (its plan has several temporary blocks); its numbers are
+    NumPy's SGD, and bit for bit those of the one-block plan."""
+    weights, x, t = random_deep_mlp(batch)
+    feeds = {"h0": jax.device_put(x), "target": jax.device_put(t)}
+    steps = 5
+
+    def trained(split_after: int) -> tuple[list[np.ndarray], list]:
+        monkeypatch.setattr(program, "SPLIT_AFTER_CALLS", split_after)
+        engine = onnxtrain.load(deep_tanh_mlp(weights))
+        for _ in range(steps):
+            engine.train_step(feeds)
+        return [np.asarray(engine.state[f"W{i}"]) for i in range(LAYERS)], engine._train[0].executables[()]
+
+    split, executables = trained(3)
+    if batch > 1024:
+        with pytest.raises(jax.errors.JaxRuntimeError, match="Multiple temp buffer"):
+            serialize_executable.serialize(executables[0])
+    else:
+        for executable in executables:
+            serialize_executable.serialize(executable)
+    for w, reference in zip(split, numpy_sgd(weights, x, t, steps)):
+        np.testing.assert_allclose(w, reference, rtol=1e-4, atol=1e-5)
+    one_block, _ = trained(10**9)
+    for w, same in zip(split, one_block):
+        np.testing.assert_array_equal(w, same)
+
+
+def test_a_plan_in_heaps_that_xla_refuses_leaves_the_run_on_its_one_block_plan(monkeypatch):
+    """The second plan is an optimisation: where XLA refuses to compile it (here, an option value it cannot
+    parse), the step runs on, with NumPy's numbers."""
+    known = program.known_options
+
+    def refused(options: dict) -> dict:
+        return {k: "many" for k in options} if options is program.SPLIT_HEAPS else known(options)
+
+    monkeypatch.setattr(program, "known_options", refused)
+    monkeypatch.setattr(program, "SPLIT_AFTER_CALLS", 2)
+    weights, x, t = random_deep_mlp(8192)
+    engine = onnxtrain.load(deep_tanh_mlp(weights))
+    for _ in range(3):
+        engine.train_step({"h0": x, "target": t})
+    for i, reference in enumerate(numpy_sgd(weights, x, t, 3)):
+        np.testing.assert_allclose(np.asarray(engine.state[f"W{i}"]), reference, rtol=1e-4, atol=1e-5)
