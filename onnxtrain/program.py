@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import os
 import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -135,14 +136,51 @@ CPU_OPTIONS = {**SEQUENTIAL_SCHEDULE, **IN_PLACE_UPDATES}
 # XLA-CPU plans a run's temporaries as one block (ResNet-18's train step at batch 2: 89 MB, BERT-base's 265 MB),
 # which glibc maps afresh for every run and unmaps after (a block over 32 MiB, allocated by XLA's threads), so each
 # step faults in every page of it: ~22,000 faults and 50-60 ms of kernel time a ResNet-18 step. Planned in heaps
-# of 16 MiB, the blocks come back from malloc's free lists: train step 0.88x (ResNet-18) and 0.93x (BERT-base),
-# 0.94x and 0.90x in a process with malloc in huge pages (benchmarks/README.md). XLA-CPU cannot serialize an
-# executable planned so ("Multiple temp buffer allocations"), so the store of programs and JAX's cache keep the
-# one-block plan, and a program that has run SPLIT_AFTER_CALLS times, a long run by then, is compiled once more in
-# heaps (BERT-base: ~4 s, won back within ~60 steps). Same computation, same numbers bit for bit.
+# of 16 MiB, the blocks mostly come back from malloc's free lists: train step ÷ one block, alternating in one
+# process, ResNet-18 0.88, BERT-base 0.93, GPT-2 0.89, T5-small 0.93, MobileNetV3-small 0.79 (ResNet-18 0.94 and
+# BERT-base 0.90 with malloc in huge pages; benchmarks/README.md). XLA-CPU cannot serialize an executable planned
+# so ("Multiple temp buffer allocations"), so the store of programs and JAX's cache keep the one-block plan, and a
+# program that has run SPLIT_AFTER_CALLS times, a long run by then, is traced and compiled once more in heaps: at
+# that call ResNet-18 2-2.4 s, T5-small 4.9, GPT-2 5.4, BERT-base 6.2, MobileNetV3-small 10.3, won back within
+# 45 (GPT-2) to 500 (MobileNetV3-small) more steps. Same computation, same numbers bit for bit.
 SPLIT_HEAPS = {"xla_multiheap_size_constraint_per_heap": 16 << 20}
 SPLIT_ABOVE_BYTES = 32 << 20  # glibc's largest mmap threshold: a smaller block comes back from its free lists
-SPLIT_AFTER_CALLS = 20
+SPLIT_AFTER_CALLS = 100
+
+# absl's levels, as jax maps its own jax_logging_level onto them (XLA logs through absl)
+ABSL_LEVELS = {"DEBUG": 0, "INFO": 0, "WARN": 1, "WARNING": 1, "ERROR": 2, "CRITICAL": 3, "FATAL": 3}
+
+
+def process_log_level() -> int:
+    """XLA's minimum log level in this process: jax_logging_level's where set, else TF_CPP_MIN_LOG_LEVEL's (jax
+    sets 1, warnings and up, on import where the user did not), else absl's default (everything)."""
+    configured = jax.config.jax_logging_level
+    if configured in ABSL_LEVELS:
+        return ABSL_LEVELS[configured]
+    try:
+        return int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
+    except ValueError:
+        return 0
+
+
+@contextmanager
+def xla_warnings_off() -> Iterator[None]:
+    """XLA's warnings kept off stderr for the span. Planning in heaps, XLA warns once for each temporary larger
+    than a heap (GPT-2's logits, 154 MB: seven lines), though such a buffer just gets a block of its own; at the
+    hundredth step of a user's loop they would only puzzle. The level is absl's, reached through jaxlib's
+    internals: where those move, the lines show."""
+    try:
+        from jax._src.lib import utils
+
+        set_level = utils.absl_set_min_log_level
+    except (ImportError, AttributeError):
+        yield
+        return
+    set_level(ABSL_LEVELS["ERROR"])
+    try:
+        yield
+    finally:
+        set_level(process_log_level())
 
 
 def known_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -267,7 +305,7 @@ class Program:
         plans = known or [fn.lower(*args).compile()]
         if not options or max(temporaries(plan) for plan in plans) <= SPLIT_ABOVE_BYTES:
             return
-        with warnings.catch_warnings():  # JAX's persistent cache tries to keep it, and XLA cannot serialize it
+        with warnings.catch_warnings(), xla_warnings_off():  # JAX's cache tries to keep it: XLA cannot serialize it
             warnings.filterwarnings("ignore", "Error writing persistent compilation cache entry")
             try:
                 known.insert(0, fn.lower(*args).compile(compiler_options=options))

@@ -195,3 +195,26 @@ def test_a_plan_in_heaps_that_xla_refuses_leaves_the_run_on_its_one_block_plan(m
         engine.train_step({"h0": x, "target": t})
     for i, reference in enumerate(numpy_sgd(weights, x, t, 3)):
         np.testing.assert_allclose(np.asarray(engine.state[f"W{i}"]), reference, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:Error writing persistent compilation cache entry")  # the plan outside
+def test_xlas_warnings_about_the_plan_in_heaps_stay_off_the_users_output(monkeypatch, capfd):
+    """Planning in heaps smaller than some temporaries, XLA warns once for each such buffer; the engine keeps
+    those lines off stderr, and XLA's warnings show again after."""
+    if program.process_log_level() > program.ABSL_LEVELS["WARNING"]:
+        pytest.skip("XLA's warnings are off in this process anyway")
+    small_heaps = {"xla_multiheap_size_constraint_per_heap": 1 << 20}  # below the model's 4 MiB activations
+    monkeypatch.setattr(program, "SPLIT_HEAPS", small_heaps)
+    monkeypatch.setattr(program, "SPLIT_AFTER_CALLS", 2)
+    weights, x, t = random_deep_mlp(8192)
+    engine = onnxtrain.load(deep_tanh_mlp(weights))
+    for _ in range(3):
+        engine.train_step({"h0": x, "target": t})
+    assert "per-heap size limit" not in capfd.readouterr().err
+
+    def two_layers(a, w):  # the same kind of plan, outside the engine: two 4 MiB temporaries
+        h = jax.numpy.tanh(a @ w)
+        return (jax.numpy.tanh(h @ w) * h).sum() + (h @ w.T).sum()
+
+    jax.jit(two_layers).lower(x, weights[0]).compile(compiler_options=small_heaps)
+    assert "per-heap size limit" in capfd.readouterr().err
