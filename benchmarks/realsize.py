@@ -59,10 +59,12 @@ ROUNDS = 5  # alternating rounds of the timed calls
 REMAT_FLAGS = {True: "--remat", "attention": "--remat-attention"}  # load's remat modes, as this script's flags
 REMAT_ROWS = {True: "remat", "attention": "attention recomputed"}
 DEVICE = {"name": "cpu"}  # --device, set by main before any peer is built: "cpu" or "gpu"
-# Rows are a long run's: onnxtrain plans a program's temporaries in heaps from its hundredth call on the CPU
-# (onnxtrain/program.py); here from its second, so the first call is still the first step measured, the timed
-# calls run the plan a long run runs, and a memory row's peak includes that plan's compile.
+# Timed rows are a long run's steady state: onnxtrain plans a program's temporaries in heaps from its hundredth
+# call on the CPU (onnxtrain/program.py), here from its second, so the first call is still the first step
+# measured. Memory rows are short runs (a few steps, the engine's own default), but for one, "long run", whose
+# process switches at its second step: its peak includes that second compile and the plan's own memory.
 SPLIT_AFTER_CALLS = 2
+LONG_RUN = {"on": True}  # the timing process's; a memory child's from its --long-run flag
 
 
 def exported(name: str, exporter: str, batch: int) -> Path:
@@ -129,7 +131,8 @@ def onnxtrain_peer(folder: Path, batch: int, mixed: str | None = None,
                                            trainable=trainable), staging)
         staging.replace(path)
         del model
-    onnxtrain.program.SPLIT_AFTER_CALLS = SPLIT_AFTER_CALLS
+    if LONG_RUN["on"]:
+        onnxtrain.program.SPLIT_AFTER_CALLS = SPLIT_AFTER_CALLS
     engine = onnxtrain.load(path, mixed_precision=mixed, remat=remat)
     if jax.default_backend() != DEVICE["name"]:
         raise RuntimeError(f"--device {DEVICE['name']}, but JAX's default backend is {jax.default_backend()}")
@@ -147,7 +150,8 @@ def served_peer(folder: Path, batch: int) -> Callable[[], Any]:
 
     import onnxtrain.program
 
-    onnxtrain.program.SPLIT_AFTER_CALLS = SPLIT_AFTER_CALLS
+    if LONG_RUN["on"]:
+        onnxtrain.program.SPLIT_AFTER_CALLS = SPLIT_AFTER_CALLS
     engine = onnxtrain.load(folder / "model.onnx")
     with np.load(folder / f"feeds-{batch}.npz") as data, jax.enable_x64(True):
         feeds = {k: jax.device_put(data[k]) for k in data.files if k != "target"}
@@ -276,12 +280,13 @@ def process_settings() -> dict[str, tuple[str, dict[str, str]]]:
 
 def fresh(name: str, which: str, folder: Path, batch: int, steps: int, cache: str,
           mixed: str | None = None, remat: bool | str = False,
-          environment: dict[str, str] | None = None) -> dict[str, Any]:
+          environment: dict[str, str] | None = None, long_run: bool = False) -> dict[str, Any]:
     """`child` in a new process; `cache` is ONNXTRAIN_CACHE_DIR ("" disables the persistent cache);
-    `environment`: the process's allocator settings (one of `process_settings`) instead of MALLOC_ENV's."""
+    `environment`: the process's allocator settings (one of `process_settings`) instead of MALLOC_ENV's;
+    `long_run`: onnxtrain's programs switch to the plan in heaps at their second call (SPLIT_AFTER_CALLS)."""
     command = [sys.executable, __file__, "--child", f"{name}:{which}", "--kit", str(folder), "--batch", str(batch),
                "--steps", str(steps), "--device", DEVICE["name"]] + (["--mixed-precision", mixed] if mixed else [])
-    command += [REMAT_FLAGS[remat]] if remat else []
+    command += ([REMAT_FLAGS[remat]] if remat else []) + (["--long-run"] if long_run else [])
     env = {**os.environ, **(MALLOC_ENV if environment is None else environment), "ONNXTRAIN_CACHE_DIR": cache}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
@@ -344,6 +349,7 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int, mi
         cold = fresh(name, "onnxtrain", folder, batch, memory_steps, "")
         fresh(name, "onnxtrain", folder, batch, 0, cache)  # fills the persistent cache
         warm = fresh(name, "onnxtrain", folder, batch, memory_steps, cache)
+    long_run = fresh(name, "onnxtrain", folder, batch, memory_steps, "", long_run=True)
     torch_child = fresh(name, "torch", folder, batch, memory_steps, "")
     jax_child = fresh(name, "jax", folder, batch, memory_steps, "") if with_jax else None
     mb = 2**20
@@ -357,11 +363,12 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int, mi
         Row(name, f"{memory} (MB)", cold["peak"] / mb, torch_child["peak"] / mb),
         # the cold peak includes XLA's compiler; from a warm cache a process loads the executable instead
         Row(name, f"{memory}, warm cache (MB)", warm["peak"] / mb, torch_child["peak"] / mb),
+        Row(name, f"{memory}, long run (MB)", long_run["peak"] / mb, torch_child["peak"] / mb),
     ]
     if jax_child:  # the JAX peer's column where it computes the same thing
         rows = [replace(row, jax=jax) for row, jax in zip(rows, [
             timed.ms("train jax"), timed.ms("infer jax"), timed.ms("infer jax"), jax_child["first"],
-            None, jax_child["peak"] / mb, None])]
+            None, jax_child["peak"] / mb, None, None])]
     if mixed:
         ours = fresh(name, "onnxtrain", folder, batch, memory_steps, "", mixed)
         theirs = fresh(name, "torch", folder, batch, memory_steps, "", mixed)
@@ -377,7 +384,7 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int, mi
         ]
     for setting in settings:
         label, environment = process_settings()[setting]
-        timed_child = fresh(name, "timing", folder, batch, steps, "", environment=environment)
+        timed_child = fresh(name, "timing", folder, batch, steps, "", environment=environment, long_run=True)
         ours = fresh(name, "onnxtrain", folder, batch, memory_steps, "", environment=environment)
         theirs = fresh(name, "torch", folder, batch, memory_steps, "", environment=environment)
         rows += [
@@ -445,11 +452,13 @@ def main(argv: list[str]) -> None:
     args.add_argument("--write", action="store_true", help="update the realsize table in benchmarks/README.md")
     args.add_argument("--child", help=argparse.SUPPRESS)  # MODEL:PEER, run by `fresh`
     args.add_argument("--kit", type=Path, help=argparse.SUPPRESS)  # the child's export folder
+    args.add_argument("--long-run", action="store_true", help=argparse.SUPPRESS)  # the child's: see LONG_RUN
     opts = args.parse_args(argv)
     DEVICE["name"] = opts.device
     if opts.device == "cpu":
         os.environ["JAX_PLATFORMS"] = "cpu"  # before JAX is imported, here and in the children
     if opts.child:
+        LONG_RUN["on"] = opts.long_run
         child(opts.child, opts.kit, opts.batch, opts.steps, opts.mixed_precision, opts.remat)
         return
     import torch

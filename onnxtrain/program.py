@@ -308,9 +308,11 @@ class Program:
         with warnings.catch_warnings(), xla_warnings_off():  # JAX's cache tries to keep it: XLA cannot serialize it
             warnings.filterwarnings("ignore", "Error writing persistent compilation cache entry")
             try:
-                known.insert(0, fn.lower(*args).compile(compiler_options=options))
+                split = fn.lower(*args).compile(compiler_options=options)
             except jax.errors.JaxRuntimeError:  # a plan XLA cannot make: the one-block plan serves on
-                pass
+                return
+        known[:] = [plan for plan in known if plan.args_info != split.args_info]  # the plan it replaces goes
+        known.insert(0, split)
 
     def _prepared(self, key: tuple, args: tuple) -> jax.stages.Compiled | None:
         """The executable for `args`' signature: read from the store, else traced, compiled and stored."""
