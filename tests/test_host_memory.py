@@ -180,6 +180,17 @@ def test_a_long_run_plans_big_temporaries_in_heaps_with_the_same_numbers(monkeyp
         np.testing.assert_array_equal(w, same)
 
 
+def three_steps_switching_at_the_second(monkeypatch) -> tuple[onnxtrain.Engine, list, np.ndarray, np.ndarray]:
+    """(engine, weights, X, T) after three steps of the deep MLP at batch 8192, its program switching at the
+    second."""
+    monkeypatch.setattr(program, "SPLIT_AFTER_CALLS", 2)
+    weights, x, t = random_deep_mlp(8192)
+    engine = onnxtrain.load(deep_tanh_mlp(weights))
+    for _ in range(3):
+        engine.train_step({"h0": x, "target": t})
+    return engine, weights, x, t
+
+
 def test_a_plan_in_heaps_that_xla_refuses_leaves_the_run_on_its_one_block_plan(monkeypatch):
     """The second plan is an optimisation: where XLA refuses to compile it (here, an option value it cannot
     parse), the step runs on, with NumPy's numbers."""
@@ -189,11 +200,7 @@ def test_a_plan_in_heaps_that_xla_refuses_leaves_the_run_on_its_one_block_plan(m
         return {k: "many" for k in options} if options is program.SPLIT_HEAPS else known(options)
 
     monkeypatch.setattr(program, "known_options", refused)
-    monkeypatch.setattr(program, "SPLIT_AFTER_CALLS", 2)
-    weights, x, t = random_deep_mlp(8192)
-    engine = onnxtrain.load(deep_tanh_mlp(weights))
-    for _ in range(3):
-        engine.train_step({"h0": x, "target": t})
+    engine, weights, x, t = three_steps_switching_at_the_second(monkeypatch)
     for i, reference in enumerate(numpy_sgd(weights, x, t, 3)):
         np.testing.assert_allclose(np.asarray(engine.state[f"W{i}"]), reference, rtol=1e-4, atol=1e-5)
 
@@ -206,11 +213,7 @@ def test_xlas_warnings_about_the_plan_in_heaps_stay_off_the_users_output(monkeyp
         pytest.skip("XLA's warnings are off in this process anyway")
     small_heaps = {"xla_multiheap_size_constraint_per_heap": 1 << 20}  # below the model's 4 MiB activations
     monkeypatch.setattr(program, "SPLIT_HEAPS", small_heaps)
-    monkeypatch.setattr(program, "SPLIT_AFTER_CALLS", 2)
-    weights, x, t = random_deep_mlp(8192)
-    engine = onnxtrain.load(deep_tanh_mlp(weights))
-    for _ in range(3):
-        engine.train_step({"h0": x, "target": t})
+    _, weights, x, _ = three_steps_switching_at_the_second(monkeypatch)
     assert "per-heap size limit" not in capfd.readouterr().err
 
     def two_layers(a, w):  # the same kind of plan, outside the engine: two 4 MiB temporaries
