@@ -64,7 +64,13 @@ DEVICE = {"name": "cpu"}  # --device, set by main before any peer is built: "cpu
 # measured. Memory rows are short runs (a few steps, the engine's own default), but for one, "long run", whose
 # process switches at its second step: its peak includes that second compile and the plan's own memory.
 SPLIT_AFTER_CALLS = 2
-LONG_RUN = {"on": True}  # the timing process's; a memory child's from its --long-run flag
+
+
+def switch_to_heaps_early() -> None:
+    """This process's onnxtrain programs plan their temporaries in heaps from their second call (see above)."""
+    import onnxtrain.program
+
+    onnxtrain.program.SPLIT_AFTER_CALLS = SPLIT_AFTER_CALLS
 
 
 def exported(name: str, exporter: str, batch: int) -> Path:
@@ -114,7 +120,7 @@ def onnxtrain_peer(folder: Path, batch: int, mixed: str | None = None,
     import jax
     import onnx
 
-    import onnxtrain.program
+    import onnxtrain
 
     path = folder / "trainable.onnx"
     if not path.exists():  # made once, as `onnxtrain make-trainable` writes it; the training script loads the file
@@ -131,8 +137,6 @@ def onnxtrain_peer(folder: Path, batch: int, mixed: str | None = None,
                                            trainable=trainable), staging)
         staging.replace(path)
         del model
-    if LONG_RUN["on"]:
-        onnxtrain.program.SPLIT_AFTER_CALLS = SPLIT_AFTER_CALLS
     engine = onnxtrain.load(path, mixed_precision=mixed, remat=remat)
     if jax.default_backend() != DEVICE["name"]:
         raise RuntimeError(f"--device {DEVICE['name']}, but JAX's default backend is {jax.default_backend()}")
@@ -148,10 +152,8 @@ def served_peer(folder: Path, batch: int) -> Callable[[], Any]:
     the model loads it."""
     import jax
 
-    import onnxtrain.program
+    import onnxtrain
 
-    if LONG_RUN["on"]:
-        onnxtrain.program.SPLIT_AFTER_CALLS = SPLIT_AFTER_CALLS
     engine = onnxtrain.load(folder / "model.onnx")
     with np.load(folder / f"feeds-{batch}.npz") as data, jax.enable_x64(True):
         feeds = {k: jax.device_put(data[k]) for k in data.files if k != "target"}
@@ -452,18 +454,20 @@ def main(argv: list[str]) -> None:
     args.add_argument("--write", action="store_true", help="update the realsize table in benchmarks/README.md")
     args.add_argument("--child", help=argparse.SUPPRESS)  # MODEL:PEER, run by `fresh`
     args.add_argument("--kit", type=Path, help=argparse.SUPPRESS)  # the child's export folder
-    args.add_argument("--long-run", action="store_true", help=argparse.SUPPRESS)  # the child's: see LONG_RUN
+    args.add_argument("--long-run", action="store_true", help=argparse.SUPPRESS)  # the child's: see fresh
     opts = args.parse_args(argv)
     DEVICE["name"] = opts.device
     if opts.device == "cpu":
         os.environ["JAX_PLATFORMS"] = "cpu"  # before JAX is imported, here and in the children
     if opts.child:
-        LONG_RUN["on"] = opts.long_run
+        if opts.long_run:
+            switch_to_heaps_early()
         child(opts.child, opts.kit, opts.batch, opts.steps, opts.mixed_precision, opts.remat)
         return
     import torch
     from realsize_models import CASES
 
+    switch_to_heaps_early()  # the timed peers of this process
     opts.models = opts.models or ",".join(CASES)
     unknown = set(opts.models.split(",")) - set(CASES)
     if unknown:

@@ -240,7 +240,7 @@ class Program:
         self.cache: dict[tuple, Callable] = {}
         self.host_outputs: dict[tuple, dict[str, np.ndarray]] = {}
         self.trace_count = 0
-        self.calls: dict[tuple, int] = {}  # per static key, up to SPLIT_AFTER_CALLS
+        self.calls = 0  # of the CPU program without static feeds, up to SPLIT_AFTER_CALLS
         trim_after_compiles()  # the compiler's freed heap goes back to the system (host_memory.py)
 
     def _compiled(self, static: Mapping[str, Any]) -> tuple[Callable, tuple]:
@@ -279,10 +279,9 @@ class Program:
         """`fn(*args)`, through this program's own executables where it has one for `args`' signature (read
         from the store, or planned in heaps after SPLIT_AFTER_CALLS calls)."""
         known = self.executables.setdefault(key, [])
-        calls = self.calls.get(key, 0)
-        if calls < SPLIT_AFTER_CALLS:
-            self.calls[key] = calls + 1
-            if calls + 1 == SPLIT_AFTER_CALLS and not key and self.platform == "cpu":
+        if not key and self.platform == "cpu" and self.calls < SPLIT_AFTER_CALLS:
+            self.calls += 1
+            if self.calls == SPLIT_AFTER_CALLS:
                 self._split_heaps(fn, args, known)
         for i, executable in enumerate(known):
             try:
@@ -302,8 +301,7 @@ class Program:
         one block (the stored executables', else jax.jit's own, which lowering again reads from jax's in-memory
         cache) is larger than malloc reuses."""
         options = known_options(SPLIT_HEAPS)
-        plans = known or [fn.lower(*args).compile()]
-        if not options or max(temporaries(plan) for plan in plans) <= SPLIT_ABOVE_BYTES:
+        if not options or max(temporaries(plan) for plan in known or [fn.lower(*args).compile()]) <= SPLIT_ABOVE_BYTES:
             return
         with warnings.catch_warnings(), xla_warnings_off():  # JAX's cache tries to keep it: XLA cannot serialize it
             warnings.filterwarnings("ignore", "Error writing persistent compilation cache entry")
