@@ -47,10 +47,10 @@ def dense(x: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
     return (x.reshape(-1, x.shape[-1]) @ p["w"] + p["b"]).reshape(*x.shape[:-1], p["w"].shape[-1])
 
 
-def layer_norm(x: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
+def layer_norm(x: jax.Array, p: dict[str, jax.Array], eps: float = 1e-5) -> jax.Array:
     mean = x.mean(-1, keepdims=True)
     variance = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) * jax.lax.rsqrt(variance + 1e-5) * p["scale"] + p["bias"]
+    return (x - mean) * jax.lax.rsqrt(variance + eps) * p["scale"] + p["bias"]
 
 
 def attention(x: jax.Array, p: dict[str, Any]) -> jax.Array:
@@ -75,9 +75,16 @@ def forward(params: dict[str, Any], ids: jax.Array) -> jax.Array:
 
 
 def peer(ids: np.ndarray, target: np.ndarray, lr: float) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    """(train step, infer) on device arrays, each returning once computed; the state is the peer's own."""
+    """(train step, infer) of GPT-2 on device arrays, each returning once computed."""
+    return trainer(forward, weights(), ids, target, lr)
+
+
+def trainer(forward: Callable[[Any, jax.Array], jax.Array], params: Any, ids: np.ndarray, target: np.ndarray,
+            lr: float) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(train step, infer) of `forward(params, ids) -> logits` with cross-entropy and optax's SGD, each returning
+    once computed; the state is the peer's own."""
     optimizer = optax.sgd(lr)
-    state = {"params": weights()}
+    state = {"params": params}
     state["opt"] = optimizer.init(state["params"])
     ids, target = jax.device_put(ids.astype(np.int32)), jax.device_put(target.astype(np.int32))
 

@@ -23,7 +23,8 @@ both peers' train step (timed in one process of their own) and peak memory with 
 memory for reuse (onnxtrain.retain_freed_memory's settings, for the whole process: both peers have them);
 `--huge-pages` the same with malloc in transparent huge pages (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, what
 `onnxtrain train` starts itself with). `--jax` adds
-a column for the same model written by hand in JAX + optax, where one exists (GPT-2: jax_gpt2.py). `--device gpu`
+a column for the same model written by hand in JAX + optax, where one exists (GPT-2: jax_gpt2.py, BERT-base:
+jax_bert.py). `--device gpu`
 runs onnxtrain on JAX's GPU and PyTorch on CUDA (float32 products in full float32 for both: PyTorch's TF32 is
 turned off), and measures peak GPU memory (the allocators' peak bytes in use) instead of resident memory.
 `--write` puts the table into benchmarks/README.md between the realsize markers of its device.
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import subprocess
@@ -196,15 +198,15 @@ def torch_peer(name: str, batch: int, mixed: str | None = None) -> tuple[Callabl
     return train, infer
 
 
-def jax_peer(folder: Path, batch: int) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    """(train step, infer) of the hand-written JAX model (jax_gpt2.py) on the feeds saved beside the export."""
-    import jax_gpt2
-
+def jax_peer(name: str, folder: Path, batch: int) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(train step, infer) of the hand-written JAX model of case `name` (JAX_PEERS) on the feeds saved beside the
+    export."""
+    module = importlib.import_module(JAX_PEERS[name])
     with np.load(folder / f"feeds-{batch}.npz") as data:
-        return jax_gpt2.peer(data["input_ids"], data["target"], LR)
+        return module.peer(data["input_ids"], data["target"], LR)
 
 
-JAX_PEERS = {"gpt2"}  # the cases written by hand in JAX (--jax)
+JAX_PEERS = {"gpt2": "jax_gpt2", "bert-base": "jax_bert"}  # the cases written by hand in JAX (--jax): modules
 @dataclass(frozen=True)
 class Row:
     model: str
@@ -220,7 +222,7 @@ def peer(name: str, which: str, folder: Path, batch: int, mixed: str | None = No
     """`which`: "onnxtrain", "torch" or "jax". `remat` is onnxtrain's: PyTorch's step stays the plain one it is
     compared with."""
     if which == "jax":
-        return jax_peer(folder, batch)
+        return jax_peer(name, folder, batch)
     return onnxtrain_peer(folder, batch, mixed, remat) if which == "onnxtrain" else torch_peer(name, batch, mixed)
 
 
@@ -342,7 +344,7 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int, mi
         calls["remat onnxtrain"] = onnxtrain_peer(folder, batch, remat=remat)[0]
     with_jax = with_jax and name in JAX_PEERS
     if with_jax:
-        calls["train jax"], calls["infer jax"] = jax_peer(folder, batch)
+        calls["train jax"], calls["infer jax"] = jax_peer(name, folder, batch)
     for call in calls.values():
         call()  # compiles onnxtrain's programs; PyTorch's first eager calls
     timed = Timings(calls, steps, rounds)
@@ -451,7 +453,7 @@ def main(argv: list[str]) -> None:
                       help="also the train step and peak memory of both peers in processes started with malloc in "
                       "transparent huge pages (glibc.malloc.hugetlb=1, as `onnxtrain train` runs)")
     args.add_argument("--jax", action="store_true",
-                      help="also the hand-written JAX peer where a model has one (gpt2: benchmarks/jax_gpt2.py)")
+                      help="also the hand-written JAX peer where a model has one (gpt2, bert-base: benchmarks/jax_*.py)")
     args.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                       help="where both peers compute: JAX's CPU and PyTorch's (default), or JAX's GPU and CUDA")
     args.add_argument("--quick", action="store_true", help="a smoke run: few steps, numbers not meaningful")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -47,7 +49,8 @@ def test_realsize_quick_prints_the_table():
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| model | measurement | onnxtrain | PyTorch | ÷ PyTorch |" in done.stdout
     for measurement in ("train step (ms)", "infer (ms)", "first train step, cold (s)",
-                        "first train step, warm cache (s)", "peak RSS (MB)", "train step, bfloat16 (ms)",
+                        "first train step, warm cache (s)", "peak RSS (MB)", "peak RSS, long run (MB)",
+                        "peak RSS, long run, warm cache (MB)", "train step, bfloat16 (ms)",
                         "peak RSS, bfloat16 (MB)", "train step, remat (ms)", "peak RSS, remat (MB)",
                         "train step, freed memory retained (ms)", "peak RSS, freed memory retained (MB)",
                         "train step, malloc in huge pages (ms)", "peak RSS, malloc in huge pages (MB)"):
@@ -69,3 +72,69 @@ def test_convolutions_prints_the_table():
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "2, 4, 6" in line]
     assert len(rows) == 3, done.stdout  # forward, input gradient and kernel gradient of the one layer
+
+
+def gpt2_weights(weights: dict[str, np.ndarray]) -> dict:
+    """jax_gpt2's pytree from the state dict of realsize_models' gpt2 module (Conv1D weights are [in, out])."""
+    prefix = "model.transformer."
+
+    def dense(name: str) -> dict:
+        return {"w": weights[f"{name}.weight"], "b": weights[f"{name}.bias"]}
+
+    def norm(name: str) -> dict:
+        return {"scale": weights[f"{name}.weight"], "bias": weights[f"{name}.bias"]}
+
+    layers = [{"ln1": norm(f"{prefix}h.{i}.ln_1"), "qkv": dense(f"{prefix}h.{i}.attn.c_attn"),
+               "proj": dense(f"{prefix}h.{i}.attn.c_proj"), "ln2": norm(f"{prefix}h.{i}.ln_2"),
+               "up": dense(f"{prefix}h.{i}.mlp.c_fc"), "down": dense(f"{prefix}h.{i}.mlp.c_proj")} for i in range(12)]
+    return {"tokens": weights[f"{prefix}wte.weight"], "positions": weights[f"{prefix}wpe.weight"], "layers": layers,
+            "ln_f": norm(f"{prefix}ln_f")}
+
+
+def bert_weights(weights: dict[str, np.ndarray]) -> dict:
+    """jax_bert's pytree from the state dict of realsize_models' bert-base module (Linear weights are [out, in])."""
+    prefix = "model.bert."
+
+    def dense(name: str) -> dict:
+        return {"w": weights[f"{name}.weight"].T, "b": weights[f"{name}.bias"]}
+
+    def norm(name: str) -> dict:
+        return {"scale": weights[f"{name}.weight"], "bias": weights[f"{name}.bias"]}
+
+    def layer(at: str) -> dict:
+        return {"q": dense(f"{at}attention.self.query"), "k": dense(f"{at}attention.self.key"),
+                "v": dense(f"{at}attention.self.value"), "out": dense(f"{at}attention.output.dense"),
+                "ln1": norm(f"{at}attention.output.LayerNorm"), "up": dense(f"{at}intermediate.dense"),
+                "down": dense(f"{at}output.dense"), "ln2": norm(f"{at}output.LayerNorm")}
+
+    embeddings = f"{prefix}embeddings."
+    return {"tokens": weights[f"{embeddings}word_embeddings.weight"],
+            "positions": weights[f"{embeddings}position_embeddings.weight"],
+            "types": weights[f"{embeddings}token_type_embeddings.weight"], "ln": norm(f"{embeddings}LayerNorm"),
+            "layers": [layer(f"{prefix}encoder.layer.{i}.") for i in range(12)], "pooler": dense(f"{prefix}pooler.dense"),
+            "classifier": dense("model.classifier")}
+
+
+@pytest.mark.parametrize("case, peer, weights_of", [("gpt2", "jax_gpt2", gpt2_weights),
+                                                    ("bert-base", "jax_bert", bert_weights)])
+def test_a_hand_written_jax_peer_computes_what_the_pytorch_module_computes(case: str, peer: str, weights_of):
+    """realsize.py's JAX column means something only if that peer's forward pass is the module's: with the
+    module's weights, its logits are PyTorch's."""
+    pytest.importorskip("transformers")
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import realsize_models
+
+        module = importlib.import_module(peer)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    torch.manual_seed(0)
+    model = realsize_models.CASES[case].module().eval()
+    ids = realsize_models.CASES[case].inputs(2, np.random.default_rng(1))["input_ids"]
+    with torch.no_grad():
+        expected = model(torch.tensor(ids)).numpy()
+    params = jax.tree.map(jax.numpy.asarray, weights_of({k: v.numpy() for k, v in model.state_dict().items()}))
+    got = np.asarray(module.forward(params, jax.numpy.asarray(ids, np.int32)))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
