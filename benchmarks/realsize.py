@@ -283,12 +283,16 @@ def process_settings() -> dict[str, tuple[str, dict[str, str]]]:
             "huge_pages": ("malloc in huge pages", {"GLIBC_TUNABLES": f"{HUGE_PAGES}=1"})}
 
 
-def fresh(name: str, which: str, folder: Path, batch: int, steps: int, cache: str,
+def fresh(name: str, which: str, folder: Path, batch: int, steps: int, cache: str | None = None,
           mixed: str | None = None, remat: bool | str = False,
           environment: dict[str, str] | None = None, long_run: bool = False) -> dict[str, Any]:
-    """`child` in a new process; `cache` is ONNXTRAIN_CACHE_DIR ("" disables the persistent cache);
-    `environment`: the process's allocator settings (one of `process_settings`) instead of MALLOC_ENV's;
+    """`child` in a new process; `cache` is ONNXTRAIN_CACHE_DIR: None, an empty folder of the child's own (a first
+    run with the default settings: the caches written, nothing read); "" disables the persistent cache and the
+    store; `environment`: the process's allocator settings (one of `process_settings`) instead of MALLOC_ENV's;
     `long_run`: onnxtrain's programs switch to the plan in heaps at their second call (SPLIT_AFTER_CALLS)."""
+    if cache is None:
+        with tempfile.TemporaryDirectory() as empty:
+            return fresh(name, which, folder, batch, steps, empty, mixed, remat, environment, long_run)
     command = [sys.executable, __file__, "--child", f"{name}:{which}", "--kit", str(folder), "--batch", str(batch),
                "--steps", str(steps), "--device", DEVICE["name"]] + (["--mixed-precision", mixed] if mixed else [])
     command += ([REMAT_FLAGS[remat]] if remat else []) + (["--long-run"] if long_run else [])
@@ -351,11 +355,10 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int, mi
     del calls, train_ot, infer_ot, train_pt, infer_pt
     memory_steps = 3
     with tempfile.TemporaryDirectory() as cache:
-        cold = fresh(name, "onnxtrain", folder, batch, memory_steps, "")
-        fresh(name, "onnxtrain", folder, batch, 0, cache)  # fills the persistent cache
+        cold = fresh(name, "onnxtrain", folder, batch, memory_steps, cache)  # and fills the caches
         warm = fresh(name, "onnxtrain", folder, batch, memory_steps, cache)
         warm_long_run = fresh(name, "onnxtrain", folder, batch, memory_steps, cache, long_run=True)
-    long_run = fresh(name, "onnxtrain", folder, batch, memory_steps, "", long_run=True)
+    long_run = fresh(name, "onnxtrain", folder, batch, memory_steps, long_run=True)
     torch_child = fresh(name, "torch", folder, batch, memory_steps, "")
     jax_child = fresh(name, "jax", folder, batch, memory_steps, "") if with_jax else None
     mb = 2**20
@@ -378,14 +381,14 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int, mi
             timed.ms("train jax"), timed.ms("infer jax"), timed.ms("infer jax"), jax_child["first"],
             None, jax_child["peak"] / mb, None, None, None])]
     if mixed:
-        ours = fresh(name, "onnxtrain", folder, batch, memory_steps, "", mixed)
+        ours = fresh(name, "onnxtrain", folder, batch, memory_steps, None, mixed)
         theirs = fresh(name, "torch", folder, batch, memory_steps, "", mixed)
         rows += [
             timed.row(name, f"train step, {mixed} (ms)", "mixed onnxtrain", "mixed torch"),
             Row(name, f"{memory}, {mixed} (MB)", ours["peak"] / mb, theirs["peak"] / mb),
         ]
     if remat:
-        ours = fresh(name, "onnxtrain", folder, batch, memory_steps, "", remat=remat)
+        ours = fresh(name, "onnxtrain", folder, batch, memory_steps, remat=remat)
         rows += [
             timed.row(name, f"train step, {REMAT_ROWS[remat]} (ms)", "remat onnxtrain", "train torch"),
             Row(name, f"{memory}, {REMAT_ROWS[remat]} (MB)", ours["peak"] / mb, torch_child["peak"] / mb),
@@ -393,7 +396,7 @@ def model_rows(name: str, exporter: str, batch: int, steps: int, rounds: int, mi
     for setting in settings:
         label, environment = process_settings()[setting]
         timed_child = fresh(name, "timing", folder, batch, steps, "", environment=environment, long_run=True)
-        ours = fresh(name, "onnxtrain", folder, batch, memory_steps, "", environment=environment)
+        ours = fresh(name, "onnxtrain", folder, batch, memory_steps, environment=environment)
         theirs = fresh(name, "torch", folder, batch, memory_steps, "", environment=environment)
         rows += [
             Row(name, f"train step, {label} (ms)", timed_child["ours"], timed_child["theirs"],

@@ -45,7 +45,8 @@ import onnxtrain
 from onnxtrain import host_memory
 if sys.argv[1] == "retain":
     assert onnxtrain.retain_freed_memory()
-host_memory.TRIM_AFTER_SECONDS = 0.0  # this small model compiles in less than the 0.1 s that a real one takes
+# this small model compiles in less than the 0.1 s that a real one takes; "store-only": no trim after compiles
+host_memory.TRIM_AFTER_SECONDS = float("inf") if sys.argv[1] == "store-only" else 0.0
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
 blocks = [libc.malloc(100_000) for _ in range(4000)]  # below glibc's mapping threshold: from the heap
@@ -107,6 +108,12 @@ def test_the_heaps_free_pages_go_back_to_the_system_after_a_compile_unless_retai
     for _ in ("compiled", "read from the store"):
         assert printed(TRIM_PROGRAM, "plain", tmp_path) > 120  # MB released, less what the model took
     assert printed(TRIM_PROGRAM, "retain") < 50
+
+
+def test_the_heaps_free_pages_go_back_to_the_system_after_the_store_writes_a_program(tmp_path):
+    """Serializing a program for the store leaves free heap as a compile does (MobileNetV3-small's first step
+    peaked 53 MB higher for it): with no trim after compiles, writing the program to the store trims."""
+    assert printed(TRIM_PROGRAM, "store-only", tmp_path) > 120
 
 
 
