@@ -18,28 +18,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_gpt2 import dense, layer_norm, trainer
+from jax_gpt2 import WIDTH, Initializer, dense, layer_norm, trainer
 
-VOCAB, POSITIONS, TYPES, WIDTH, LAYERS, HEADS, CLASSES, EPS = 30522, 512, 2, 768, 12, 12, 2, 1e-12
+VOCAB, POSITIONS, TYPES, LAYERS, HEADS, CLASSES, EPS = 30522, 512, 2, 12, 12, 2, 1e-12  # WIDTH: GPT-2's 768
 
 
 def weights(seed: int = 0) -> dict[str, Any]:
-    rng = np.random.default_rng(seed)
-
-    def normal(*shape: int) -> jax.Array:
-        return jnp.asarray(rng.normal(0, 0.02, shape).astype(np.float32))
-
-    def norm() -> dict[str, jax.Array]:
-        return {"scale": jnp.ones(WIDTH), "bias": jnp.zeros(WIDTH)}
-
-    def linear(fan_in: int, fan_out: int) -> dict[str, jax.Array]:
-        return {"w": normal(fan_in, fan_out), "b": jnp.zeros(fan_out)}
-
-    layers = [{"q": linear(WIDTH, WIDTH), "k": linear(WIDTH, WIDTH), "v": linear(WIDTH, WIDTH),
-               "out": linear(WIDTH, WIDTH), "ln1": norm(), "up": linear(WIDTH, 4 * WIDTH),
-               "down": linear(4 * WIDTH, WIDTH), "ln2": norm()} for _ in range(LAYERS)]
-    return {"tokens": normal(VOCAB, WIDTH), "positions": normal(POSITIONS, WIDTH), "types": normal(TYPES, WIDTH),
-            "ln": norm(), "layers": layers, "pooler": linear(WIDTH, WIDTH), "classifier": linear(WIDTH, CLASSES)}
+    init = Initializer(seed)
+    layers = [{"q": init.dense(WIDTH, WIDTH), "k": init.dense(WIDTH, WIDTH), "v": init.dense(WIDTH, WIDTH),
+               "out": init.dense(WIDTH, WIDTH), "ln1": init.norm(), "up": init.dense(WIDTH, 4 * WIDTH),
+               "down": init.dense(4 * WIDTH, WIDTH), "ln2": init.norm()} for _ in range(LAYERS)]
+    return {"tokens": init.normal(VOCAB, WIDTH), "positions": init.normal(POSITIONS, WIDTH),
+            "types": init.normal(TYPES, WIDTH), "ln": init.norm(), "layers": layers,
+            "pooler": init.dense(WIDTH, WIDTH), "classifier": init.dense(WIDTH, CLASSES)}
 
 
 def attention(x: jax.Array, p: dict[str, Any]) -> jax.Array:

@@ -24,22 +24,30 @@ import optax
 VOCAB, POSITIONS, WIDTH, LAYERS, HEADS = 50257, 1024, 768, 12, 12
 
 
-def weights(seed: int = 0) -> dict[str, Any]:
-    rng = np.random.default_rng(seed)
+class Initializer:
+    """Random weights as Hugging Face initializes these models: normal with std 0.02, zero biases, unit norm
+    scales, drawn in turn from one seeded generator."""
 
-    def normal(*shape: int) -> jax.Array:
-        return jnp.asarray(rng.normal(0, 0.02, shape).astype(np.float32))
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
 
-    def norm() -> dict[str, jax.Array]:
+    def normal(self, *shape: int) -> jax.Array:
+        return jnp.asarray(self.rng.normal(0, 0.02, shape).astype(np.float32))
+
+    def norm(self) -> dict[str, jax.Array]:
         return {"scale": jnp.ones(WIDTH), "bias": jnp.zeros(WIDTH)}
 
-    def dense(fan_in: int, fan_out: int) -> dict[str, jax.Array]:
-        return {"w": normal(fan_in, fan_out), "b": jnp.zeros(fan_out)}
+    def dense(self, fan_in: int, fan_out: int) -> dict[str, jax.Array]:
+        return {"w": self.normal(fan_in, fan_out), "b": jnp.zeros(fan_out)}
 
-    layers = [{"ln1": norm(), "qkv": dense(WIDTH, 3 * WIDTH), "proj": dense(WIDTH, WIDTH), "ln2": norm(),
-               "up": dense(WIDTH, 4 * WIDTH), "down": dense(4 * WIDTH, WIDTH)} for _ in range(LAYERS)]
-    return {"tokens": normal(VOCAB, WIDTH), "positions": normal(POSITIONS, WIDTH), "layers": layers,
-            "ln_f": norm()}
+
+def weights(seed: int = 0) -> dict[str, Any]:
+    init = Initializer(seed)
+    layers = [{"ln1": init.norm(), "qkv": init.dense(WIDTH, 3 * WIDTH), "proj": init.dense(WIDTH, WIDTH),
+               "ln2": init.norm(), "up": init.dense(WIDTH, 4 * WIDTH), "down": init.dense(4 * WIDTH, WIDTH)}
+              for _ in range(LAYERS)]
+    return {"tokens": init.normal(VOCAB, WIDTH), "positions": init.normal(POSITIONS, WIDTH), "layers": layers,
+            "ln_f": init.norm()}
 
 
 def dense(x: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
