@@ -170,8 +170,11 @@ class Engine:
         self._init = self._init_program()
 
     def _put(self, name: str, value: np.ndarray) -> jax.Array:
+        """`value` on the device, its copy there complete: until then the transfer keeps the host array alive, and
+        a whole model's host arrays in flight at once (the puts return before their copies end) raised BERT-base's
+        load peak from 1,111 to 1,233-1,477 MB, for 0.3 s less of a 2.6 s load."""
         with jax.enable_x64(True):
-            return self._placement.put({name: value})[name]
+            return self._placement.put({name: value})[name].block_until_ready()
 
     # ----- the pure functions (steps.py) as programs: compiled once per signature -----
 
