@@ -301,9 +301,12 @@ class Program:
         one block (the stored executables', else jax.jit's own, which lowering again reads from jax's in-memory
         cache) is larger than malloc reuses."""
         options = known_options(SPLIT_HEAPS)
-        if not options or max(temporaries(plan) for plan in known or [fn.lower(*args).compile()]) <= SPLIT_ABOVE_BYTES:
+        if not options:
             return
-        lowered = fn.lower(*args)
+        lowered = None if known else fn.lower(*args)  # a stored plan says its size without a trace
+        if max(temporaries(plan) for plan in known or [lowered.compile()]) <= SPLIT_ABOVE_BYTES:
+            return
+        lowered = lowered or fn.lower(*args)
         # The plan it replaces goes before the compile, not after: an executable read from the store holds its
         # code and heap (MobileNetV3-small's, ~130 MB), and compiling beside it raised a long run's peak RSS from
         # 404 to 486 MB (420 without it). Should XLA refuse the new plan, `_run` reads the old one again.
