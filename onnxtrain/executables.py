@@ -21,10 +21,9 @@ import hashlib
 import os
 import pickle
 import re
-import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Iterator, Mapping, NamedTuple
 
 import jax
 import onnx
@@ -69,25 +68,26 @@ def model_digest(model: onnx.ModelProto, arguments: set[str]) -> bytes:
     return hashlib.sha256(lean.SerializeToString(deterministic=True)).digest()
 
 
-_HITS = threading.local()  # JAX's persistent cache hits in this thread (JAX calls listeners in the compiling thread)
+@contextlib.contextmanager
+def jax_cache_unwritten() -> Iterator[None]:
+    """Compiles in this thread write nothing to JAX's persistent cache for the span: a program this store keeps
+    would be serialized twice (the first compile's peak RSS, MobileNetV3-small's +55 MB) and kept twice on disk.
+    The switch is JAX's own threshold of compile time, set for this thread through JAX's internals: where those
+    move, the program is written to both, as before."""
+    try:
+        from jax._src import config
 
-
-def _count_hit(event: str, **_: Any) -> None:
-    if event == "/jax/compilation_cache/cache_hits":
-        _HITS.count = jax_cache_hits() + 1
-
-
-jax.monitoring.register_event_listener(_count_hit)
-
-
-def jax_cache_hits() -> int:
-    """How many executables JAX's persistent cache gave this thread so far."""
-    return getattr(_HITS, "count", 0)
+        threshold = config.persistent_cache_min_compile_time_secs
+    except (ImportError, AttributeError):
+        yield
+        return
+    with threshold(float("inf")):
+        yield
 
 
 class Entry(NamedTuple):
     path: Path
-    module: str  # the name of the program's XLA module: JAX's persistent cache keys on it
+    module: str  # the name of the program's XLA module
 
 
 class Loaded(NamedTuple):
@@ -106,16 +106,17 @@ class ExecutableStore:
         self.device = device
 
     def entry(self, program: str, args: tuple) -> Entry:
-        """The file of `program` for `args`' signature, and its module name. The name leaves onnxtrain's own
-        sources out: a new version whose program is unchanged then compiles it from JAX's cache, as before the
-        store (such an executable is used, not stored: program.py), instead of compiling every program anew."""
+        """The file of `program` for `args`' signature, and its module name, which JAX's persistent cache keys on:
+        unique to this version of onnxtrain too, because an executable JAX read from its cache serializes without
+        its kernels (XLA-CPU, jaxlib 0.10.2: "Function ... not found" once loaded in another process). Were the
+        name shared across versions, a new version would find each program in JAX's cache (written there by an
+        older onnxtrain), could never store it, and would trace it in every process."""
         leaves, tree = jax.tree.flatten(args)
         digest = hashlib.sha256(FORMAT + self.fingerprint + program.encode() + str(tree).encode())
         for leaf in leaves:
             digest.update(str(jax.typeof(leaf)).encode() + b";")
-        traced = digest.hexdigest()
-        name = hashlib.sha256(source_digest() + traced.encode()).hexdigest()
-        return Entry(self.folder / f"{name}.program", f"onnxtrain_{traced[:16]}")
+        name = hashlib.sha256(source_digest() + digest.digest()).hexdigest()
+        return Entry(self.folder / f"{name}.program", f"onnxtrain_{name[:16]}")
 
     def load(self, entry: Entry) -> Loaded | None:
         try:
@@ -136,8 +137,6 @@ class ExecutableStore:
              notes: Mapping[str, Any]) -> None:
         """Best effort: a program that cannot be serialized, or a folder that cannot be written, only costs a
         later process the trace."""
-        if not self_contained(executable):
-            return
         try:
             payload, in_tree, out_tree = serialize_executable.serialize(executable)
             data = pickle.dumps((payload, in_tree, out_tree, dict(host_outputs), dict(notes)))
@@ -148,12 +147,11 @@ class ExecutableStore:
             return
 
 
-def self_contained(executable: jax.stages.Compiled) -> bool:
-    """Whether `executable` calls only XLA's own custom calls (named "__..."): a kernel of jaxlib's (LAPACK's
-    `lapack_*_ffi` for a determinant or a solve) is set up by the trace that lowers to it, and an executable read
-    without that trace called it unset: a segmentation fault."""
-    text = executable.as_text()
-    return text is not None and all(t.startswith("__") for t in re.findall(r'custom_call_target="([^"]+)"', text))
+def self_contained(lowered: jax.stages.Lowered) -> bool:
+    """Whether the program `lowered` calls no kernel outside XLA: a kernel of jaxlib's (LAPACK's `lapack_*_ffi`
+    for a determinant or a solve) is set up by the trace that lowers to it, and an executable read without that
+    trace called it unset: a segmentation fault. Such a program is left to JAX's cache, which a trace reads."""
+    return not re.search(r"custom_call @(?!__)", lowered.as_text())
 
 
 @functools.cache

@@ -19,7 +19,7 @@ import numpy as np
 
 from .dtypes import host_only
 from .errors import StaticValueRequired
-from .executables import ExecutableStore, jax_cache_hits
+from .executables import ExecutableStore, jax_cache_unwritten, self_contained
 from .host_memory import trim_after_compiles, trim_heap
 from .lower.constants import hoisting
 from .lower.target import targeting
@@ -311,8 +311,7 @@ class Program:
         # code and heap (MobileNetV3-small's, ~130 MB), and compiling beside it raised a long run's peak RSS from
         # 404 to 486 MB (420 without it). Should XLA refuse the new plan, `_run` reads the old one again.
         known[:] = [plan for plan in known if plan.args_info != lowered.args_info]
-        with warnings.catch_warnings(), xla_warnings_off():  # JAX's cache tries to keep it: XLA cannot serialize it
-            warnings.filterwarnings("ignore", "Error writing persistent compilation cache entry")
+        with jax_cache_unwritten(), xla_warnings_off():  # JAX would try to keep it: XLA cannot serialize it
             try:
                 split = lowered.compile(compiler_options=options)
             except jax.errors.JaxRuntimeError:  # a plan XLA cannot make: the one-block plan serves on
@@ -333,16 +332,15 @@ class Program:
             self.host_outputs[key] = loaded.host_outputs
             self.notes.update(loaded.notes)
             return loaded.executable
-        # compiled under a module name of its own (JAX's persistent cache keys on it), so that JAX's cache only
-        # holds it where this store did: an executable JAX read from its cache serializes without its kernels
-        # (XLA-CPU, jaxlib 0.10.2: "Function ... not found" once loaded in another process), so it is not stored
-        hits = jax_cache_hits()
-        executable = self._jitted({}, key, entry.module).lower(*args).compile()
-        if jax_cache_hits() == hits:
-            store.save(entry, executable, self.host_outputs.get(key, {}), self.notes)
-            # serializing leaves its working memory as free heap, which the step's temporaries (mapped blocks of
-            # their own) do not reuse: MobileNetV3-small's first-run peak 477 -> 424 MB (the compile's, now)
-            trim_heap()
+        lowered = self._jitted({}, key, entry.module).lower(*args)
+        if not self_contained(lowered):
+            return lowered.compile()
+        with jax_cache_unwritten():  # the store keeps it
+            executable = lowered.compile()
+        store.save(entry, executable, self.host_outputs.get(key, {}), self.notes)
+        # serializing leaves its working memory as free heap, which the step's temporaries (mapped blocks of their
+        # own) do not reuse: MobileNetV3-small's first-run peak 477 -> 424 MB (the compile's, now)
+        trim_heap()
         return executable
 
     def _specialised(self, use: Callable[[Callable, tuple, dict], Any],

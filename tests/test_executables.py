@@ -138,19 +138,34 @@ def test_a_stored_program_serves_only_its_model_options_and_feed_shapes(tmp_path
         assert_sgd(again, lr, rows)
 
 
-def test_another_version_that_compiles_the_same_program_gets_it_from_jaxs_cache(tmp_path):
-    """Its entry is not in the store; the program it lowers is in JAX's cache under the same module name, and an
-    executable JAX read from its cache would be stored without its kernels (XLA-CPU): it runs, unstored, in
-    every process of that version, with the right numbers."""
+def test_a_new_version_stores_its_programs_in_its_first_process(tmp_path):
+    """Another version of onnxtrain keys its entries on its own sources: its first process traces and compiles
+    (JAX's cache must not serve it the older version's program, which would then never be stored), and its
+    later processes run the stored steps without tracing, with the same numbers."""
     path = tmp_path / "linear.onnx"
     onnx.save(linear_regression(W0, B0, lr=0.1), path)
     cache = tmp_path / "cache"
     first = run(path, cache)
-    stored = programs(cache)
-    for _ in range(2):
-        other = run(path, cache, version="next")
-        assert other["traces"] >= 2 and other == {**first, "traces": other["traces"]}
-        assert programs(cache) == stored
+    other = run(path, cache, version="next")
+    assert other["traces"] >= 2 and other == {**first, "traces": other["traces"]}
+    assert len(programs(cache)) == 4
+    assert run(path, cache, version="next") == {**first, "traces": 0}
+
+
+def jax_entries(cache: Path, module: str) -> list[str]:
+    """The files of JAX's persistent cache for the XLA modules whose names start with `module`."""
+    return [p.name for p in cache.glob(f"jit_{module}*")]
+
+
+def test_a_stored_program_is_not_also_kept_in_jaxs_cache(tmp_path):
+    """Written to both, each compile serialized the executable twice (a first run's peak memory) and each
+    program was on disk twice."""
+    path = tmp_path / "linear.onnx"
+    onnx.save(linear_regression(W0, B0, lr=0.1), path)
+    run(path, tmp_path / "cache")
+    assert len(programs(tmp_path / "cache")) == 2
+    assert jax_entries(tmp_path / "cache", "onnxtrain_") == []
+    assert jax_entries(tmp_path / "cache", "")  # JAX's cache is on: it keeps the engine's small helpers
 
 
 def test_a_program_xla_cannot_serialize_trains_and_is_not_stored(tmp_path):
@@ -167,6 +182,7 @@ def test_a_program_xla_cannot_serialize_trains_and_is_not_stored(tmp_path):
 
 
 def test_a_damaged_store_is_a_miss_not_a_failure(tmp_path):
+    """The damaged files are traced and compiled again, and stored whole: the next process traces nothing."""
     path = tmp_path / "linear.onnx"
     onnx.save(linear_regression(W0, B0, lr=0.1), path)
     cache = tmp_path / "cache"
@@ -175,7 +191,7 @@ def test_a_damaged_store_is_a_miss_not_a_failure(tmp_path):
         file.write_bytes(file.read_bytes()[: len(file.read_bytes()) // 2])
     damaged = run(path, cache)
     assert damaged["traces"] >= 2 and damaged == {**first, "traces": damaged["traces"]}
-    assert programs(cache) == []  # the damaged files are gone
+    assert run(path, cache) == {**first, "traces": 0}
 
 
 def test_a_stored_step_draws_the_random_numbers_a_traced_one_does(tmp_path):
@@ -239,10 +255,12 @@ print(np.abs(np.asarray(onnxtrain.load(helper.make_model(graph)).infer({"X": x})
 
 def test_a_program_that_calls_jaxlibs_kernels_is_not_stored(tmp_path):
     """A determinant lowers to LAPACK's LU factorization, a kernel of jaxlib's that the lowering sets up: read
-    without tracing, the program crashed the process. It is traced in every process instead."""
+    without tracing, the program crashed the process. It is traced in every process instead, and compiled once:
+    JAX's cache keeps it."""
     for _ in range(2):
         done = subprocess.run([sys.executable, "-c", DETERMINANT], capture_output=True, text=True,
                               env=environment(tmp_path))
         assert done.returncode == 0, done.stderr[-2000:]
         assert float(done.stdout.split()[-1]) < 1e-4
     assert programs(tmp_path) == []
+    assert len(jax_entries(tmp_path, "onnxtrain_")) == 1
