@@ -57,6 +57,19 @@ def test_realsize_quick_prints_the_table():
         assert f"| resnet18 | {measurement} |" in done.stdout, done.stdout
 
 
+def test_big_model_rehearsal_trains_as_pytorch_does_and_exports():
+    """The big-model benchmark on a small GPT-2 that takes every big-model path (a lowered protobuf limit): it
+    exits non-zero where onnxtrain's first loss differs from PyTorch's on the same weights, or where ONNX Runtime
+    or a reload does not reproduce the trained model."""
+    command = [sys.executable, str(ROOT / "benchmarks" / "big_model.py"), "--layers", "2", "--embd", "128",
+               "--vocab", "256", "--protobuf-limit", "1000000", "--steps", "2"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    for measurement in ("first train step (s)", "train step, median (s)", "peak RSS (GB)"):
+        assert f"| {measurement} |" in done.stdout, done.stdout
+    assert "trained" in done.stdout and "identical" in done.stdout, done.stdout
+
+
 def test_products_prints_the_table():
     command = [sys.executable, str(ROOT / "benchmarks" / "products.py"), "--tokens", "8", "--width", "16",
                "--steps", "2"]
