@@ -158,6 +158,21 @@ def test_a_name_that_is_not_utf8_is_refused():
         onnxtrain.load(data, check=False)
 
 
+def test_a_string_inside_a_tensor_or_a_training_graph_that_is_not_utf8_is_refused():
+    """The check reads only string and message fields (not a tensor's raw bytes), at any depth."""
+    model = add_model()
+    model.graph.initializer[0].doc_string = "Qdoc"
+    info = model.training_info.add()
+    info.algorithm.CopyFrom(helper.make_graph([helper.make_node("Identity", ["b"], ["b2"], name="Qnode")], "step",
+                                              [], [helper.make_tensor_value_info("b2", TensorProto.FLOAT, [3])]))
+    data = model.SerializeToString()
+    for field, found in ((b"\x04Qdoc", r"model.graph.initializer\[0\].doc_string"),
+                         (b"\x05Qnode", r"model.training_info\[0\].algorithm.node\[0\].name")):
+        assert data.count(field) == 1
+        with pytest.raises(ModelLoadError, match=f"{found} is not valid UTF-8"):
+            onnxtrain.load(data.replace(field, field[:1] + b"\xff" + field[2:]), check=False)
+
+
 @pytest.mark.parametrize("break_it, message", [
     (unknown_type, "initializer 'b' has unknown element type 99"),
     (short_raw_data, r"initializer 'b' has 8 bytes of raw_data where its dims \[3\] and type FLOAT need 12"),
