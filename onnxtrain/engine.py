@@ -29,7 +29,7 @@ import onnx
 from .cache import enable_compilation_cache
 from .dtypes import HOST_ONLY_DTYPES, is_float
 from .errors import OptionError, StateError, StepError
-from .executables import ExecutableStore, model_digest
+from .executables import COMPILE_TIME_THRESHOLD, ExecutableStore, model_digest
 from .export import (save_atomic, saved_step_count, stored_state, with_initializers, with_state, without_state_bytes,
                      without_zero_state)
 from .feeds import FeedChecker, array_signature
@@ -213,6 +213,8 @@ class Engine:
         folder = jax.config.jax_compilation_cache_dir
         if not folder or "://" in folder or self._placement.parallel or jax.config.jax_default_device is not None:
             return None  # a remote cache, several devices, or a default device this engine does not name
+        if COMPILE_TIME_THRESHOLD is None:  # JAX's cache could serve a program the store misses: not storable
+            return None
         device = self._placement.devices[0] if self._placement.devices else jax.devices()[0]
         settings = (self.matmul_precision, self.mixed_precision, self._model.remat, self._placement.shard_state,
                     device.platform, device.device_kind, device.client.platform_version, jax.__version__,

@@ -68,20 +68,29 @@ def model_digest(model: onnx.ModelProto, arguments: set[str]) -> bytes:
     return hashlib.sha256(lean.SerializeToString(deterministic=True)).digest()
 
 
-@contextlib.contextmanager
-def jax_cache_unwritten() -> Iterator[None]:
-    """Compiles in this thread write nothing to JAX's persistent cache for the span: a program this store keeps
-    would be serialized twice (the first compile's peak RSS, MobileNetV3-small's +55 MB) and kept twice on disk.
-    The switch is JAX's own threshold of compile time, set for this thread through JAX's internals: where those
-    move, the program is written to both, as before."""
+def _compile_time_threshold() -> Any:
+    """JAX's threshold of compile time below which its persistent cache writes nothing, as a setting that can be
+    changed for one thread (JAX's internals: None where they moved)."""
     try:
         from jax._src import config
 
-        threshold = config.persistent_cache_min_compile_time_secs
+        return config.persistent_cache_min_compile_time_secs
     except (ImportError, AttributeError):
+        return None
+
+
+COMPILE_TIME_THRESHOLD = _compile_time_threshold()
+
+
+@contextlib.contextmanager
+def jax_cache_unwritten() -> Iterator[None]:
+    """Compiles in this thread write nothing to JAX's persistent cache for the span: a program the store keeps is
+    then serialized and kept on disk once, and JAX's cache never serves it (see `ExecutableStore.entry`). Where
+    JAX's internals moved, nothing changes here, and engines keep no store (engine.py)."""
+    if COMPILE_TIME_THRESHOLD is None:
         yield
         return
-    with threshold(float("inf")):
+    with COMPILE_TIME_THRESHOLD(float("inf")):
         yield
 
 

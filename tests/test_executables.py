@@ -32,6 +32,10 @@ if "SERIALIZE_FAILS" in os.environ:  # XLA refuses to serialize the executable, 
         raise jax.errors.JaxRuntimeError(os.environ["SERIALIZE_FAILS"])
     onnxtrain.executables.serialize_executable.serialize = refuse
 
+if "NO_THRESHOLD" in os.environ:  # a JAX whose internals moved: compiles cannot be kept out of JAX's cache
+    import onnxtrain.engine, onnxtrain.executables
+    onnxtrain.engine.COMPILE_TIME_THRESHOLD = onnxtrain.executables.COMPILE_TIME_THRESHOLD = None
+
 traces = []
 jax.monitoring.register_event_duration_secs_listener(
     lambda event, secs, fun_name="", **_: traces.append(fun_name)
@@ -59,11 +63,14 @@ def environment(cache: Path | None) -> dict[str, str]:
 
 
 def run(path: Path, cache: Path | None, rows: int = 4, steps: int = 3, export: Path | None = None,
-        version: str | None = None, serialize_error: str | None = None, **options) -> dict:
+        version: str | None = None, serialize_error: str | None = None, no_threshold: bool = False,
+        **options) -> dict:
     """CHILD's report; `cache` None: the persistent caches off; `export`: where the trained model goes;
-    `version`: as if another version of onnxtrain ran; `serialize_error`: XLA's error for every serialization."""
+    `version`: as if another version of onnxtrain ran; `serialize_error`: XLA's error for every serialization;
+    `no_threshold`: as if JAX's internals had moved (executables.COMPILE_TIME_THRESHOLD)."""
     env = {**environment(cache), **({"OTHER_VERSION": version} if version else {}),
-           **({"SERIALIZE_FAILS": serialize_error} if serialize_error else {})}
+           **({"SERIALIZE_FAILS": serialize_error} if serialize_error else {}),
+           **({"NO_THRESHOLD": "1"} if no_threshold else {})}
     command = [sys.executable, "-c", CHILD, str(path), str(rows), str(steps), json.dumps(options)]
     done = subprocess.run(command + ([str(export)] if export else []), capture_output=True, text=True, env=env,
                           cwd=Path(__file__).parent)
@@ -166,6 +173,19 @@ def test_a_stored_program_is_not_also_kept_in_jaxs_cache(tmp_path):
     assert len(programs(tmp_path / "cache")) == 2
     assert jax_entries(tmp_path / "cache", "onnxtrain_") == []
     assert jax_entries(tmp_path / "cache", "")  # JAX's cache is on: it keeps the engine's small helpers
+
+
+def test_without_a_way_to_keep_programs_out_of_jaxs_cache_there_is_no_store(tmp_path):
+    """JAX's cache could then serve a program the store misses, which would be stored without its kernels: the
+    engine keeps no store, and JAX's cache serves the next process as it did before the store."""
+    path = tmp_path / "linear.onnx"
+    onnx.save(linear_regression(W0, B0, lr=0.1), path)
+    for _ in range(2):
+        result = run(path, tmp_path / "cache", no_threshold=True)
+        assert_sgd(result, 0.1)
+        assert result["traces"] >= 2
+    assert programs(tmp_path / "cache") == []
+    assert jax_entries(tmp_path / "cache", "traced")  # jax.jit of the engine's programs
 
 
 def test_a_program_xla_cannot_serialize_trains_and_is_not_stored(tmp_path):
