@@ -80,12 +80,13 @@ class Engine:
         self, model: onnx.ModelProto, seed: int = 0, check: bool = True, devices: Sequence[jax.Device] | None = None,
         matmul_precision: str = "highest", shard_state: bool = False, mixed_precision: str | None = None,
         loss_scale: float | None = None, remat: bool | str = False, zero_state: frozenset[str] = frozenset(),
-        source_file: Path | None = None,
+        source_file: Path | None = None, state_checksums: Mapping[str, int] | None = None,
     ):
         """`zero_state`: state variables `model` holds without their bytes, which are all zero
         (export.without_zero_state; `load` does so for a model it read itself). `source_file`: the file `model`
-        was read from, no one else holding `model`: once the state is on the device, the engine keeps its initial
-        values in that file instead of in memory (model.StateFile)."""
+        was read from, no one else holding `model`, with `state_checksums` (the CRC-32 of its state variables'
+        raw_data, from without_zero_state): once the state is on the device, the engine keeps its initial values
+        in that file instead of in memory (model.StateFile)."""
         self.mixed_precision = mixed_precision_of(mixed_precision, loss_scale)  # lower/autocast.py
         if remat not in REMAT_MODES:
             raise OptionError(f"remat={remat!r} is not one of False, True or 'attention'")
@@ -151,7 +152,7 @@ class Engine:
         self._holds_stored = True
         self._state_file: StateFile | None = None
         if source_file is not None:  # the state is on the device now: its initial bytes can stay in the file
-            self.model, checksums = without_state_bytes(model, self.state_owner, zero_state)
+            self.model, checksums = without_state_bytes(model, self.state_owner, zero_state, state_checksums or {})
             self._state_file = StateFile(source_file, checksums) if checksums else None
         self._main_consts, self._main_static = placed[None], self.graph.initializers
         self._algorithm_consts = [placed[a.index] for a in self.algorithms]
@@ -463,16 +464,17 @@ def load(
     enable_compilation_cache()
     model, _folder = read_model(source)
     zero_state: frozenset[str] = frozenset()
+    checksums: dict[str, int] = {}
     if not isinstance(source, onnx.ModelProto):  # read here, so no one else holds it: its zero state can go
         if check:
             check_model(model)
             check = False
-        model, zero_state = without_zero_state(model)
+        model, zero_state, checksums = without_zero_state(model)
     # absolute: reset reads it again, maybe after the caller changed the working directory
     source_file = None if isinstance(source, (onnx.ModelProto, bytes, bytearray)) else Path(source).absolute()
     return Engine(model, seed=seed, check=check, devices=devices, matmul_precision=matmul_precision,
                   shard_state=shard_state, mixed_precision=mixed_precision, loss_scale=loss_scale, remat=remat,
-                  zero_state=zero_state, source_file=source_file)
+                  zero_state=zero_state, source_file=source_file, state_checksums=checksums)
 
 
 
