@@ -87,7 +87,33 @@ def constant_reason(value: np.ndarray, used: list[Use]) -> str | None:
         return "holds infinite or mask-fill values"
     if folded_mask(value, used):
         return "a uniform batch-shaped operand of Add/Where (a folded attention mask)"
+    if position_table(value):
+        return "sinusoids of the position (a rotary or sinusoidal position table)"
     return None
+
+
+POSITIONS_MIN = 4  # rows: three recurrence steps tell a sinusoid from anything a parameter starts as
+SINUSOID_TOLERANCE = 1e-3  # float32's rounding of p x frequency, p into the thousands
+
+
+def position_table(value: np.ndarray) -> bool:
+    """Each column of `value` (rows: the positions, axis -2; any other axes: columns) is sin(p f) or cos(p f) of
+    the row index p for a frequency f of its own, and some column varies: the tables a rotary attention
+    multiplies queries and keys by (Llama's cos and sin, which the dynamo exporter computes from the inverse
+    frequencies buffer and lifts into initializers) and a frozen sinusoidal position embedding (Whisper's
+    encoder, requires_grad off), neither of which PyTorch trains. A trained weight never starts as one: a
+    column of a sinusoid starts at 0 (sine) or 1 (cosine) and obeys x[p+1] + x[p-1] = 2 cos(f) x[p]."""
+    if value.ndim < 2 or value.shape[-2] < POSITIONS_MIN or not value.size:
+        return False
+    first = np.moveaxis(value, -2, 0)[0].ravel()
+    if not np.all((np.abs(first) < SINUSOID_TOLERANCE) | (np.abs(first - 1) < SINUSOID_TOLERANCE)):
+        return False  # a parameter's first row: at once, before reading the rest of a large weight
+    table = np.moveaxis(value, -2, 0).reshape(value.shape[-2], -1).astype(np.float64)
+    if np.abs(table).max() > 1 + SINUSOID_TOLERANCE or np.ptp(table, axis=0).max() < 0.5:
+        return False
+    middle, around = table[1:-1], table[2:] + table[:-2]
+    twice_cos = (middle * around).sum(axis=0) / np.maximum((middle * middle).sum(axis=0), 1e-30)
+    return bool(np.abs(around - twice_cos * middle).max() < 3 * SINUSOID_TOLERANCE)
 
 
 def folded_mask(value: np.ndarray, used: list[Use]) -> bool:

@@ -65,6 +65,37 @@ def test_a_zero_initialized_parameter_added_to_activations_stays_a_parameter(sha
     assert default_set(additive(shape)) == ["A", "M"]
 
 
+def rotary(positions: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Llama's cos and sin tables [1, 1, positions, dim] (float32 arithmetic, as PyTorch computes them)."""
+    inv_freq = (1.0 / 10000 ** (np.arange(0, dim, 2, dtype=np.float32) / dim)).astype(np.float32)
+    angles = np.arange(positions, dtype=np.float32)[:, None] * inv_freq[None, :]
+    angles = np.concatenate([angles, angles], axis=1)
+    return np.cos(angles)[None, None], np.sin(angles)[None, None]
+
+
+def test_rotary_and_sinusoidal_position_tables_are_settings():
+    """The cos and sin tables a rotary attention multiplies queries by (Llama's, lifted by the dynamo exporter),
+    and a sinusoidal position embedding added to activations (Whisper's frozen one, 1,500 positions), are
+    computed from positions, never trained; a weight whose rows merely start at 0 or 1 stays a parameter."""
+    cos, sin = rotary(8, 8)
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Mul", ["X", "C"], ["XC"]), helper.make_node("Mul", ["X", "S"], ["XS"]),
+             helper.make_node("Add", ["XC", "XS"], ["R"]), helper.make_node("Mul", ["R", "G"], ["Y"])]
+    start_like = rng.normal(size=(8, 8))
+    start_like[0] = [0, 1] * 4  # starts as a sinusoid would, then does not continue as one
+    model = model_of(nodes, {"X": [2, 4, 8, 8]}, {"C": cos, "S": sin, "G": start_like})
+    assert default_set(model) == ["G"]
+    times = np.arange(1500, dtype=np.float32)[:, None] * np.exp(-np.log(10000) / 15 * np.arange(16)).astype(
+        np.float32)
+    whisper = np.concatenate([np.sin(times), np.cos(times)], axis=1)
+    add = [helper.make_node("Add", ["X", "P"], ["S"]), helper.make_node("MatMul", ["S", "M"], ["Y"])]
+    model = model_of(add, {"X": [2, 1500, 32]}, {"P": whisper, "M": rng.normal(size=(32, 32))})
+    assert default_set(model) == ["M"]
+    model = model_of(add, {"X": [2, 1500, 32]}, {"P": whisper + 0.02 * rng.normal(size=whisper.shape),
+                                                 "M": rng.normal(size=(32, 32))})
+    assert default_set(model) == ["P", "M"]  # a learned embedding initialised with sinusoids, once trained
+
+
 @pytest.mark.parametrize("op, weight_shape", [("MatMul", (2, 8, 8)), ("Conv", (2, 1, 3, 3))])
 def test_zero_initialized_weights_of_products_stay_parameters(op, weight_shape):
     """LoRA's B and a zero-initialized Conv are all zeros of rank >= 3 too, but read by a product, not added."""

@@ -47,15 +47,9 @@ FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOA
 SCRIPT_MODULE = "torch.export cannot export a ScriptModule ('Exporting a ScriptModule is not supported')"
 T5_VIEW = ("the dynamo exporter fails decomposing T5Attention's attn_output.reshape(*input_shape, -1) after a "
            "transpose into aten.view of a non-contiguous [2, 8, 4, 8] tensor (ConversionError, step 2/3)")
-FROZEN_POSITIONS = ("embed_positions.weight (requires_grad=False in WhisperEncoder) becomes the initializer {} and "
-                    "is trained by default: an ONNX initializer carries no requires_grad, and the sinusoidal table "
-                    "is a plain Add operand like a learned position embedding. The recipe (trainable=) trains "
-                    "this model like PyTorch")
 # (test, model, exporter) -> why it fails: exporter failures outside onnxtrain, and what ONNX cannot show
 XFAIL: dict[tuple[str, str, str], str] = {
     ("default", "t5", "dynamo"): T5_VIEW,
-    ("default", "whisper_encoder", "dynamo"): FROZEN_POSITIONS.format("'embedding'"),
-    ("default", "whisper_encoder", "torchscript"): FROZEN_POSITIONS.format("onnx::Add_231"),
     ("default", "script_loop", "dynamo"): SCRIPT_MODULE,
     ("recipe", "t5", "dynamo_unoptimized"): T5_VIEW,
     ("recipe", "script_loop", "dynamo_unoptimized"): SCRIPT_MODULE,

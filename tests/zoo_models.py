@@ -40,12 +40,14 @@ class ZooModel:
 
 
 def perturbed(module: nn.Module, seed: int = 0) -> nn.Module:
-    """Every parameter plus seeded N(0, 0.02) noise (zero biases and unit LayerNorm scales included), and
-    BatchNorm running statistics away from 0 and 1, as a trained network's are."""
+    """Every trained parameter plus seeded N(0, 0.02) noise (zero biases and unit LayerNorm scales included), and
+    BatchNorm running statistics away from 0 and 1, as a trained network's are; a frozen parameter
+    (requires_grad off: Whisper's sinusoidal positions) stays as the model made it, as training leaves it."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in module.parameters():
-            p.add_(0.02 * torch.randn(p.shape, generator=generator))
+            if p.requires_grad:
+                p.add_(0.02 * torch.randn(p.shape, generator=generator))
         for m in module.modules():
             if isinstance(m, nn.BatchNorm2d):
                 m.running_mean.uniform_(-0.5, 0.5, generator=generator)
@@ -181,6 +183,18 @@ def gpt2(tied: bool = True) -> nn.Module:
     return perturbed(Logits(GPT2LMHeadModel(config), ("input_ids", "attention_mask")))
 
 
+def llama() -> nn.Module:
+    """A Llama-style decoder, the layout of most language models now: RMSNorm, rotary positions, a SiLU-gated
+    feed-forward, grouped-query attention (2 key/value heads for 4 query heads), an untied head."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32, use_cache=False,
+                         attention_dropout=0.0, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+                         attn_implementation="eager")
+    return perturbed(Logits(LlamaForCausalLM(config), ("input_ids", "attention_mask")))
+
+
 def t5() -> nn.Module:
     from transformers import T5Config, T5ForConditionalGeneration
 
@@ -244,6 +258,7 @@ ZOO: dict[str, ZooModel] = {
     "mobilenetv3": ZooModel(lambda: perturbed(MobileNetV3()), normal(3, 16, 16), "cross_entropy", classes),
     "bert": ZooModel(bert, lambda rng: (tokens(rng),), "cross_entropy", classes),
     "gpt2": ZooModel(gpt2, lambda rng: (tokens(rng), mask()), "mse", regression),
+    "llama": ZooModel(llama, lambda rng: (tokens(rng), mask()), "mse", regression),
     "t5": ZooModel(t5, lambda rng: (tokens(rng), mask(), tokens(rng)), "mse", regression),
     "vit": ZooModel(vit, normal(3, 16, 16), "cross_entropy", classes),
     "whisper_encoder": ZooModel(whisper_encoder, normal(8, 2 * SEQ), "mse", regression),
