@@ -183,16 +183,62 @@ def gpt2(tied: bool = True) -> nn.Module:
     return perturbed(Logits(GPT2LMHeadModel(config), ("input_ids", "attention_mask")))
 
 
+def hugging_face(config: str, model: str, names: tuple[str, ...], **settings) -> nn.Module:
+    """transformers' `model` class from its `config` class with `settings`, perturbed, its logits alone."""
+    import transformers
+
+    return perturbed(Logits(getattr(transformers, model)(getattr(transformers, config)(**settings)), names))
+
+
+DECODER = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               max_position_embeddings=32, use_cache=False, attention_dropout=0.0, bos_token_id=0, eos_token_id=0,
+               pad_token_id=0, attn_implementation="eager")
+ENCODER = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+               num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
 def llama() -> nn.Module:
     """A Llama-style decoder, the layout of most language models now: RMSNorm, rotary positions, a SiLU-gated
     feed-forward, grouped-query attention (2 key/value heads for 4 query heads), an untied head."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    return hugging_face("LlamaConfig", "LlamaForCausalLM", ("input_ids", "attention_mask"), **DECODER,
+                        num_key_value_heads=2)
 
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32, use_cache=False,
-                         attention_dropout=0.0, bos_token_id=0, eos_token_id=0, pad_token_id=0,
-                         attn_implementation="eager")
-    return perturbed(Logits(LlamaForCausalLM(config), ("input_ids", "attention_mask")))
+
+def qwen2() -> nn.Module:
+    """Llama's layout with biases on the query, key and value products."""
+    return hugging_face("Qwen2Config", "Qwen2ForCausalLM", ("input_ids", "attention_mask"), **DECODER,
+                        num_key_value_heads=2)
+
+
+def gemma() -> nn.Module:
+    """Multi-query attention (one key/value head), embeddings scaled by sqrt(width), a GELU-gated feed-forward,
+    RMSNorm with a (1 + weight) scale, and the head tied to the embedding."""
+    return hugging_face("GemmaConfig", "GemmaForCausalLM", ("input_ids", "attention_mask"), **DECODER,
+                        num_key_value_heads=1, head_dim=8)
+
+
+def roberta() -> nn.Module:
+    """BERT with positions counted from the padding index, derived from the token ids."""
+    return hugging_face("RobertaConfig", "RobertaForSequenceClassification", ("input_ids",), **ENCODER,
+                        max_position_embeddings=40, pad_token_id=1)
+
+
+def albert() -> nn.Module:
+    """One layer's weights shared by every layer, and a factorized embedding (16 wide, projected to 32)."""
+    return hugging_face("AlbertConfig", "AlbertForSequenceClassification", ("input_ids",), **ENCODER,
+                        embedding_size=16, max_position_embeddings=32, classifier_dropout_prob=0.0)
+
+
+def distilbert() -> nn.Module:
+    return hugging_face("DistilBertConfig", "DistilBertForSequenceClassification", ("input_ids",),
+                        vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=32,
+                        num_labels=3, dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0)
+
+
+def convnext() -> nn.Module:
+    """7x7 depthwise convolutions, LayerNorm over channels-last activations, a per-channel layer scale."""
+    return hugging_face("ConvNextConfig", "ConvNextForImageClassification", ("pixel_values",), num_channels=3,
+                        hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, num_labels=3, drop_path_rate=0.0)
 
 
 def t5() -> nn.Module:
@@ -259,6 +305,12 @@ ZOO: dict[str, ZooModel] = {
     "bert": ZooModel(bert, lambda rng: (tokens(rng),), "cross_entropy", classes),
     "gpt2": ZooModel(gpt2, lambda rng: (tokens(rng), mask()), "mse", regression),
     "llama": ZooModel(llama, lambda rng: (tokens(rng), mask()), "mse", regression),
+    "qwen2": ZooModel(qwen2, lambda rng: (tokens(rng), mask()), "mse", regression),
+    "gemma": ZooModel(gemma, lambda rng: (tokens(rng), mask()), "mse", regression),
+    "roberta": ZooModel(roberta, lambda rng: (tokens(rng),), "cross_entropy", classes),
+    "albert": ZooModel(albert, lambda rng: (tokens(rng),), "cross_entropy", classes),
+    "distilbert": ZooModel(distilbert, lambda rng: (tokens(rng),), "cross_entropy", classes),
+    "convnext": ZooModel(convnext, normal(3, 16, 16), "cross_entropy", classes),
     "t5": ZooModel(t5, lambda rng: (tokens(rng), mask(), tokens(rng)), "mse", regression),
     "vit": ZooModel(vit, normal(3, 16, 16), "cross_entropy", classes),
     "whisper_encoder": ZooModel(whisper_encoder, normal(8, 2 * SEQ), "mse", regression),
