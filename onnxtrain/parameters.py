@@ -105,11 +105,19 @@ def position_table(value: np.ndarray) -> bool:
     column of a sinusoid starts at 0 (sine) or 1 (cosine) and obeys x[p+1] + x[p-1] = 2 cos(f) x[p]."""
     if value.ndim < 2 or value.shape[-2] < POSITIONS_MIN or not value.size:
         return False
-    first = np.moveaxis(value, -2, 0)[0].ravel()
+    table = np.moveaxis(value, -2, 0).reshape(value.shape[-2], -1)
+    # its first rows alone first: an embedding whose padding row is zero fails there, before any copy of it
+    return sinusoids(table[:POSITIONS_MIN]) and sinusoids(table) and float(np.ptp(table, axis=0).max()) >= 0.5
+
+
+def sinusoids(table: np.ndarray) -> bool:
+    """Whether each column of `table` (positions x columns) starts at 0 or 1, stays within [-1, 1] and obeys
+    x[p+1] + x[p-1] = c x[p] for a constant c of its own (2 cos f, fitted by least squares)."""
+    first = table[0]
     if not np.all((np.abs(first) < SINUSOID_TOLERANCE) | (np.abs(first - 1) < SINUSOID_TOLERANCE)):
-        return False  # a parameter's first row: at once, before reading the rest of a large weight
-    table = np.moveaxis(value, -2, 0).reshape(value.shape[-2], -1).astype(np.float64)
-    if np.abs(table).max() > 1 + SINUSOID_TOLERANCE or np.ptp(table, axis=0).max() < 0.5:
+        return False
+    table = table.astype(np.result_type(table.dtype, np.float32), copy=False)
+    if float(np.abs(table).max()) > 1 + SINUSOID_TOLERANCE:
         return False
     middle, around = table[1:-1], table[2:] + table[:-2]
     twice_cos = (middle * around).sum(axis=0) / np.maximum((middle * middle).sum(axis=0), 1e-30)
