@@ -217,8 +217,9 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> No
     untied = untied_copies(arrays)
     if untied:
         warnings.warn(ParameterizationWarning(
-            f"{', '.join(f'{b} is a {how} copy of {a}' for a, b, how in untied)}: the exporter untied a weight "
-            f"the source model uses twice (an embedding tied to the output layer); the copies would train apart. "
+            f"{', '.join(f'{b} is a {how} copy of {a}' for a, b, how in untied)}: the exporter copied a weight "
+            f"the source model uses more than once (an embedding tied to the output layer, a layer shared by "
+            f"several layers as ALBERT's); the copies would train apart. "
             f"Export with torch.onnx.export(..., dynamo=True, optimize=False) to keep one weight"), stacklevel=4)
     repeated = [f"{n} (along axis {axis})" for n, a in arrays.items() for axis in repeated_axes(a)[:1]]
     if repeated:
