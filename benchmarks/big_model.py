@@ -31,7 +31,7 @@ import onnxtrain.big_models
 from onnxtrain.export import save_atomic
 
 sys.path.insert(0, str(Path(__file__).parent))
-from realsize import MALLOC_ENV, rss_kib  # noqa: E402
+from realsize import MALLOC_ENV  # noqa: E402
 
 LR = 1e-4
 
@@ -119,7 +119,7 @@ def child(name: str, args: argparse.Namespace) -> None:
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    print(json.dumps({"first": first, "loss": loss, "step": float(np.median(times)), "peak": rss_kib("VmHWM") << 10}))
+    print(json.dumps({"first": first, "loss": loss, "step": float(np.median(times)), "peak": peak_rss_gb() * 2**30}))
 
 
 def fresh(name: str, args: argparse.Namespace, folder: Path) -> dict:

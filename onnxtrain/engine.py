@@ -465,13 +465,13 @@ def load(
     model, _folder = read_model(source)
     zero_state: frozenset[str] = frozenset()
     checksums: dict[str, int] = {}
+    # absolute: reset reads it again, maybe after the caller changed the working directory
+    source_file = None if isinstance(source, (onnx.ModelProto, bytes, bytearray)) else Path(source).absolute()
     if not isinstance(source, onnx.ModelProto):  # read here, so no one else holds it: its zero state can go
         if check:
             check_model(model)
             check = False
-        model, zero_state, checksums = without_zero_state(model)
-    # absolute: reset reads it again, maybe after the caller changed the working directory
-    source_file = None if isinstance(source, (onnx.ModelProto, bytes, bytearray)) else Path(source).absolute()
+        model, zero_state, checksums = without_zero_state(model, checksummed=source_file is not None)
     return Engine(model, seed=seed, check=check, devices=devices, matmul_precision=matmul_precision,
                   shard_state=shard_state, mixed_precision=mixed_precision, loss_scale=loss_scale, remat=remat,
                   zero_state=zero_state, source_file=source_file, state_checksums=checksums)

@@ -64,14 +64,16 @@ def with_state(
 ZERO_STATE_WORTH_A_COPY = 0.125
 
 
-def without_zero_state(model: onnx.ModelProto) -> tuple[onnx.ModelProto, frozenset[str], dict[str, int]]:
+def without_zero_state(model: onnx.ModelProto, checksummed: bool = False,
+                       ) -> tuple[onnx.ModelProto, frozenset[str], dict[str, int]]:
     """`model` without the bytes of its state variables (binding keys) whose bytes are all zero, their names, and
-    the CRC-32 of every other state variable's raw_data (for `without_state_bytes`: one read of a tensor's
-    raw_data serves both, since each read copies its bytes: 1.9 s of a 2.7 GB model's load): an optimizer's
-    moments start at zero and are each as large as the weights. A copy, because protobuf (upb) keeps a cleared
-    field's memory in its message's arena: the caller must hold no other reference to `model` for its memory to
-    go. `stored_state` and build_graph (through the resolver) recreate the zeros. `model` itself, and no names,
-    where the zeros are less than ZERO_STATE_WORTH_A_COPY of its initializers' bytes."""
+    (`checksummed`: for `without_state_bytes`, the model having come from a file) the CRC-32 of every other state
+    variable's raw_data, one read of a tensor's raw_data serving both, since each read copies its bytes (1.9 s of
+    a 2.7 GB model's load). An optimizer's moments start at zero and are each as large as the weights. A copy,
+    because protobuf (upb) keeps a cleared field's memory in its message's arena: the caller must hold no other
+    reference to `model` for its memory to go. `stored_state` and build_graph (through the resolver) recreate the
+    zeros. `model` itself, and no names, where the zeros are less than ZERO_STATE_WORTH_A_COPY of its
+    initializers' bytes."""
     keys = {e.key for info in model.training_info for e in (*info.initialization_binding, *info.update_binding)}
     graphs = [model.graph] + [info.algorithm for info in model.training_info]
     zeros, checksums = [], {}
@@ -79,7 +81,7 @@ def without_zero_state(model: onnx.ModelProto) -> tuple[onnx.ModelProto, frozens
         raw = tensor.raw_data
         if holds_zeros(tensor, raw):
             zeros.append(tensor)
-        else:
+        elif checksummed:
             checksums[tensor.name] = zlib.crc32(raw)
     total = sum(values_bytes(t) for g in initializer_graphs(model) for t in g.initializer)
     if not zeros or sum(values_bytes(t) for t in zeros) < ZERO_STATE_WORTH_A_COPY * total:

@@ -105,9 +105,12 @@ def position_table(value: np.ndarray) -> bool:
     column of a sinusoid starts at 0 (sine) or 1 (cosine) and obeys x[p+1] + x[p-1] = 2 cos(f) x[p]."""
     if value.ndim < 2 or value.shape[-2] < POSITIONS_MIN or not value.size:
         return False
-    table = np.moveaxis(value, -2, 0).reshape(value.shape[-2], -1)
+    positions = np.moveaxis(value, -2, 0)  # a view: reshaping it to columns may copy the whole table
     # its first rows alone first: an embedding whose padding row is zero fails there, before any copy of it
-    return sinusoids(table[:POSITIONS_MIN]) and sinusoids(table) and float(np.ptp(table, axis=0).max()) >= 0.5
+    if not sinusoids(positions[:POSITIONS_MIN].reshape(POSITIONS_MIN, -1)):
+        return False
+    table = positions.reshape(value.shape[-2], -1)
+    return sinusoids(table) and float(np.ptp(table, axis=0).max()) >= 0.5
 
 
 def sinusoids(table: np.ndarray) -> bool:

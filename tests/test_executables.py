@@ -165,8 +165,7 @@ def jax_entries(cache: Path, module: str) -> list[str]:
 
 
 def test_a_stored_program_is_not_also_kept_in_jaxs_cache(tmp_path):
-    """Written to both, each compile serialized the executable twice (a first run's peak memory) and each
-    program was on disk twice."""
+    """Written to both, each compile serialized the executable twice and each program was on disk twice."""
     path = tmp_path / "linear.onnx"
     onnx.save(linear_regression(W0, B0, lr=0.1), path)
     run(path, tmp_path / "cache")
