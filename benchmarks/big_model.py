@@ -14,9 +14,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,14 +28,13 @@ import onnxtrain.big_models
 from onnxtrain.export import save_atomic
 
 sys.path.insert(0, str(Path(__file__).parent))
-from realsize import MALLOC_ENV  # noqa: E402
+from host import MALLOC_ENV, child_result, memory_kib  # noqa: E402
 
 LR = 1e-4
 
 
 def peak_rss_gb() -> float:
-    scale = 2**30 if sys.platform == "darwin" else 2**20  # ru_maxrss: bytes on macOS, KiB on Linux
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale
+    return memory_kib("VmHWM") / 2**20
 
 
 def gpt2(args: argparse.Namespace):
@@ -127,12 +123,8 @@ def fresh(name: str, args: argparse.Namespace, folder: Path) -> dict:
     an empty cache folder of its own (onnxtrain's first step is a first run's)."""
     flags = [f"--{k}={v}" for k, v in vars(args).items() if k in ("layers", "embd", "vocab", "sequence", "steps")]
     cache = folder / f"cache-{name}"
-    done = subprocess.run([sys.executable, __file__, "--child", name, "--folder", str(folder), *flags],
-                          capture_output=True, text=True,
-                          env={**os.environ, **MALLOC_ENV, "ONNXTRAIN_CACHE_DIR": str(cache)})
-    if done.returncode:
-        sys.exit(f"the {name} process failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.splitlines()[-1])
+    return child_result([sys.executable, __file__, "--child", name, "--folder", str(folder), *flags],
+                        f"the {name} process", {**MALLOC_ENV, "ONNXTRAIN_CACHE_DIR": str(cache)})
 
 
 def compare_peers(folder: Path, args: argparse.Namespace) -> None:

@@ -37,7 +37,6 @@ import contextlib
 import importlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,13 +49,12 @@ import numpy as np
 # torch and the model definitions are imported where needed, never in an onnxtrain measurement process: its peak
 # memory is onnxtrain's alone, as in a user's process that loads an .onnx file
 sys.path.insert(0, str(Path(__file__).parent))
-from host import cpu_name  # noqa: E402
+from host import MALLOC_ENV, child_result, cpu_name, memory_kib  # noqa: E402
 
 HERE = Path(__file__).parent
 EXPORTS = HERE / ".realsize"
 README = HERE / "README.md"
 LR = 1e-3
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}  # RSS follows what is live
 ROUNDS = 5  # alternating rounds of the timed calls
 REMAT_FLAGS = {True: "--remat", "attention": "--remat-attention"}  # load's remat modes, as this script's flags
 REMAT_ROWS = {True: "remat", "attention": "attention recomputed"}
@@ -226,13 +224,6 @@ def peer(name: str, which: str, folder: Path, batch: int, mixed: str | None = No
     return onnxtrain_peer(folder, batch, mixed, remat) if which == "onnxtrain" else torch_peer(name, batch, mixed)
 
 
-def rss_kib(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(key)
-
-
 def device_peak(which: str) -> int:
     """Peak bytes in use on the GPU of this process: the allocator's count (JAX's or PyTorch's), which neither
     JAX's preallocated pool nor PyTorch's cached blocks inflate."""
@@ -271,8 +262,8 @@ def child(spec: str, folder: Path, batch: int, steps: int, mixed: str | None, re
         train()
     if which != "torch" and "torch" in sys.modules:
         raise RuntimeError(f"the {which} measurement imported torch: its memory would count torch's")
-    peak = device_peak(which) if DEVICE["name"] == "gpu" else rss_kib("VmHWM") * 1024
-    print(json.dumps({"first": first, "peak": peak, "settled": rss_kib("VmRSS") * 1024}))
+    peak = device_peak(which) if DEVICE["name"] == "gpu" else memory_kib("VmHWM") * 1024
+    print(json.dumps({"first": first, "peak": peak, "settled": memory_kib("VmRSS") * 1024}))
 
 
 def process_settings() -> dict[str, tuple[str, dict[str, str]]]:
@@ -296,11 +287,8 @@ def fresh(name: str, which: str, folder: Path, batch: int, steps: int, cache: st
     command = [sys.executable, __file__, "--child", f"{name}:{which}", "--kit", str(folder), "--batch", str(batch),
                "--steps", str(steps), "--device", DEVICE["name"]] + (["--mixed-precision", mixed] if mixed else [])
     command += ([REMAT_FLAGS[remat]] if remat else []) + (["--long-run"] if long_run else [])
-    env = {**os.environ, **(MALLOC_ENV if environment is None else environment), "ONNXTRAIN_CACHE_DIR": cache}
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    if done.returncode:
-        raise RuntimeError(f"fresh child {name}:{which} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    environment = {**(MALLOC_ENV if environment is None else environment), "ONNXTRAIN_CACHE_DIR": cache}
+    return child_result(command, f"fresh child {name}:{which}", environment)
 
 
 class Timings:

@@ -18,7 +18,6 @@ import gc
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).parent))
 import onnxtrain  # noqa: E402
-from host import cpu_name  # noqa: E402
+from host import child_result, cpu_name, memory_kib  # noqa: E402
 from models import MODELS, Bench, build  # noqa: E402
 from peers import (BETA1, BETA2, EPS, LR, ON_GPU, ORT_PROVIDER, PEERS, PRECISION, TORCH_DEVICE, Batch,  # noqa: E402
                    first_call, interleaved, make_batch, set_precision)
@@ -160,20 +159,7 @@ def fresh_child(name: str, peer: str, plan: Plan) -> dict[str, float]:
     """`peer`'s first calls and train-step memory on model `name`, measured by `measure_fresh` in a new process."""
     command = [sys.executable, __file__, "--fresh-child", f"{name}:{peer}", "--batch", str(plan.batch),
                "--steps", str(plan.memory_steps), "--precision", PRECISION["matmul"]]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **MALLOC_ENV})
-    if done.returncode:
-        raise RuntimeError(f"fresh child {name}:{peer} failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-# glibc keeps freed blocks below its (adaptive) mmap threshold resident, so after a few steps the RSS would
-# already include every transient buffer and the peak would not rise. A fixed small threshold makes each
-# buffer of 64 KiB or more its own mapping, returned on free: RSS then follows what is live.
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
-
-
-def proc_status_kib(key: str) -> int:
-    return int(re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M).group(1))
+    return child_result(command, f"fresh child {name}:{peer}")
 
 
 def measure_fresh(spec: str, batch: int, steps: int) -> None:
@@ -191,12 +177,12 @@ def measure_fresh(spec: str, batch: int, steps: int) -> None:
         peer.train()
     gc.collect()
     time.sleep(0.5)  # XLA frees a step's temporaries on its own threads, a little after the step returns
-    before = proc_status_kib("VmRSS")
+    before = memory_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
     for _ in range(steps):
         peer.train()
         time.sleep(0.02)  # let this step's temporaries go before the next: the peak is one step's, not two
-    increase = (proc_status_kib("VmHWM") - before) * 1024
+    increase = (memory_kib("VmHWM") - before) * 1024
     print(json.dumps({**first, "state": peer.state_bytes, "increase": increase}))
 
 

@@ -96,18 +96,31 @@ def copy_fields(source: Message, target: Message, skip: set[str]) -> None:
 
 
 def check_skeleton(model: onnx.ModelProto) -> None:
-    """onnx.checker on a skeleton of `model` in which each weight's bytes are an external reference to an empty
-    file (the checker verifies a reference's file exists, not its bytes): a model too large to serialize, or too
-    large to serialize cheaply, is checked without copying its weights."""
+    """onnx.checker on a skeleton of `model` in which each weight's bytes, and each external reference, are an
+    external reference to an empty file (the checker verifies a reference's file exists, not its bytes): a model
+    too large to serialize, or too large to serialize cheaply, or whose state stays in its external data
+    (model.read_model's keep_state), is checked without copying its weights."""
     def set_aside(tensor: TensorProto) -> bool:
-        return is_weight(tensor) and tensor.HasField("raw_data")
+        return is_weight(tensor) and tensor.HasField("raw_data") or is_external(tensor)
 
     skeleton = lean_copy(model, set_aside)
     with tempfile.TemporaryDirectory(prefix="onnxtrain-check-") as folder:
         (Path(folder) / "weights").touch()
-        for original, tensor in zip(weight_tensors(model), weight_tensors(skeleton)):
+        originals = (t for g in initializer_graphs(model) for t in g.initializer)
+        copies = (t for g in initializer_graphs(skeleton) for t in g.initializer)
+        for original, tensor in zip(originals, copies):
             if set_aside(original):
+                del tensor.external_data[:]
                 tensor.external_data.add(key="location", value="weights")
                 tensor.data_location = TensorProto.EXTERNAL
         (Path(folder) / "skeleton.onnx").write_bytes(skeleton.SerializeToString())
         onnx.checker.check_model(str(Path(folder) / "skeleton.onnx"))
+
+
+def is_external(tensor: TensorProto) -> bool:
+    return tensor.data_location == TensorProto.EXTERNAL
+
+
+def holds_external(model: onnx.ModelProto) -> bool:
+    """Whether an initializer of `model` still references external data (model.read_model's keep_state)."""
+    return any(is_external(t) for g in initializer_graphs(model) for t in g.initializer)

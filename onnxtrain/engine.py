@@ -30,8 +30,9 @@ from .cache import enable_compilation_cache
 from .dtypes import HOST_ONLY_DTYPES, is_float
 from .errors import OptionError, StateError, StepError
 from .executables import COMPILE_TIME_THRESHOLD, ExecutableStore, model_digest
-from .export import (save_atomic, saved_step_count, stored_state, with_initializers, with_state, without_state_bytes,
-                     without_zero_state)
+from .export import (replaced_by_export, save_atomic, saved_step_count, stored_state, with_initializers, with_state,
+                     without_state_bytes, without_zero_state)
+from .external_data import ExternalValues
 from .feeds import FeedChecker, array_signature
 from .lower.autocast import mixed_precision_of
 from .lower.folding import load_time_constants
@@ -81,12 +82,14 @@ class Engine:
         matmul_precision: str = "highest", shard_state: bool = False, mixed_precision: str | None = None,
         loss_scale: float | None = None, remat: bool | str = False, zero_state: frozenset[str] = frozenset(),
         source_file: Path | None = None, state_checksums: Mapping[str, int] | None = None,
+        external: ExternalValues | None = None,
     ):
         """`zero_state`: state variables `model` holds without their bytes, which are all zero
         (export.without_zero_state; `load` does so for a model it read itself). `source_file`: the file `model`
         was read from, no one else holding `model`, with `state_checksums` (the CRC-32 of its state variables'
         raw_data, from without_zero_state): once the state is on the device, the engine keeps its initial values
-        in that file instead of in memory (model.StateFile)."""
+        in that file instead of in memory (model.StateFile). `external`: reads the state variables `model` keeps
+        in external data (`load` keeps them there: model.read_model's keep_state)."""
         self.mixed_precision = mixed_precision_of(mixed_precision, loss_scale)  # lower/autocast.py
         if remat not in REMAT_MODES:
             raise OptionError(f"remat={remat!r} is not one of False, True or 'attention'")
@@ -94,7 +97,8 @@ class Engine:
             check_model(model)
         self.model = model
         self._zero_state = zero_state
-        resolver = model_resolver(model, zero_state)
+        self._external = external
+        resolver = model_resolver(model, zero_state, external)
         self.graph = build_graph(model.graph, resolver)
         self.algorithms: list[Algorithm] = parse_training_info(model, self.graph, resolver)
         raise_if_missing(resolver)
@@ -175,7 +179,7 @@ class Engine:
         a whole model's host arrays in flight at once (the puts return before their copies end) raised BERT-base's
         load peak from 1,111 to 1,233-1,477 MB, for 0.3 s less of a 2.6 s load."""
         with jax.enable_x64(True):
-            return self._placement.put({name: value})[name].block_until_ready()
+            return self._placement.put({name: value}, donated=name in self.state_owner)[name].block_until_ready()
 
     # ----- the pure functions (steps.py) as programs: compiled once per signature -----
 
@@ -360,7 +364,7 @@ class Engine:
 
     def _put_stored_state(self, step_count: int) -> None:
         model = self.model if self._state_file is None else self._state_file.read()
-        stored = stored_state(model, self.state_owner, self._zero_state)
+        stored = stored_state(model, self.state_owner, self._zero_state, self._external)
         self._state = {name: self._put(name, value) for name, value in stored}
         self._holds_stored = True
         self.step_count = step_count
@@ -434,6 +438,8 @@ class Engine:
             if self._state_file is not None and self._state_file.is_file(Path(path)):
                 # the file about to be replaced holds the initial state reset reads: it stays in memory from now
                 self.model, self._state_file = self._state_file.read(), None
+            if self._external is not None:  # so do the external data files it replaces
+                self._external.inline_files(self.model, replaced_by_export(Path(path)))
             save_atomic(with_state(self.model, self._state, self.state_owner, self.step_count), Path(path),
                         external_data)
 
@@ -462,7 +468,7 @@ def load(
     each), from the queries, keys, values and mask that the backward pass keeps anyway, as PyTorch's fused
     attention keeps none: for a few percent more compute."""
     enable_compilation_cache()
-    model, _folder = read_model(source)
+    model, folder = read_model(source, keep_state=True)
     zero_state: frozenset[str] = frozenset()
     checksums: dict[str, int] = {}
     # absolute: reset reads it again, maybe after the caller changed the working directory
@@ -474,7 +480,8 @@ def load(
         model, zero_state, checksums = without_zero_state(model, checksummed=source_file is not None)
     return Engine(model, seed=seed, check=check, devices=devices, matmul_precision=matmul_precision,
                   shard_state=shard_state, mixed_precision=mixed_precision, loss_scale=loss_scale, remat=remat,
-                  zero_state=zero_state, source_file=source_file, state_checksums=checksums)
+                  zero_state=zero_state, source_file=source_file, state_checksums=checksums,
+                  external=None if folder is None else ExternalValues(folder))
 
 
 

@@ -6,7 +6,7 @@ import re
 import zlib
 from collections import Counter
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Mapping
+from typing import Any, BinaryIO, Callable, Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -17,6 +17,7 @@ from . import big_models
 from .atomic import TOKEN_HEX, new_token, remove_matching, replace_atomically, unlink_quietly, write_durably
 from .big_models import PROTOBUF_LIMIT, exceeds_protobuf_limit, initializer_graphs, lean_copy, weight_tensors
 from .errors import ExportError, ModelLoadError
+from .external_data import ExternalValues
 from .placement import host_array
 from .tensor_data import holds_no_data, raw_size, sparse_to_dense, tensor_value, zeros_of
 
@@ -139,10 +140,12 @@ def holds_zeros(tensor: TensorProto, raw: bytes) -> bool:
 
 
 def stored_state(model: onnx.ModelProto, state_owner: Mapping[str, int | None],
-                 zero: frozenset[str] = frozenset()) -> Iterator[tuple[str, np.ndarray]]:
+                 zero: frozenset[str] = frozenset(), external: ExternalValues | None = None,
+                 ) -> Iterator[tuple[str, np.ndarray]]:
     """(name, value) of each state variable as `model`'s initializers store it (the spec's pre-initialized
     state), decoded one at a time so that a caller moving them to a device holds one decoded copy at most.
-    `state_owner` as for `with_state`; `zero`: the variables `without_zero_state` took the bytes of."""
+    `state_owner` as for `with_state`; `zero`: the variables `without_zero_state` took the bytes of; `external`:
+    reads those the model keeps in external data."""
     graphs = owner_graphs(model)
     tensors = {owner: {t.name: t for t in graph.initializer} for owner, graph in graphs.items()}
     sparse = {owner: {t.values.name: t for t in graph.sparse_initializer} for owner, graph in graphs.items()}
@@ -151,7 +154,8 @@ def stored_state(model: onnx.ModelProto, state_owner: Mapping[str, int | None],
         if name in zero and holds_no_data(tensors[owner][name]):
             yield name, zeros_of(tensors[owner][name])
         elif name in tensors[owner]:
-            yield name, tensor_value(tensors[owner][name], label)
+            tensor = tensors[owner][name]
+            yield name, tensor_value(tensor, label) if external is None else external.value(tensor, label)
         else:
             yield name, sparse_to_dense(sparse[owner][name], f"sparse {label}", max_bytes=PROTOBUF_LIMIT)
 
@@ -200,6 +204,18 @@ def save_atomic(model: onnx.ModelProto, path: Path, external_data: bool | None =
         if data_name is not None and not committed:
             unlink_quietly(folder / data_name)
     remove_matching(folder, [data_pattern(path)], keep={data_name} - {None})  # replace_atomically: staging
+
+
+def replaced_by_export(path: Path) -> Callable[[Path], bool]:
+    """Whether a path names a folder entry that an export to `path` replaces or removes: `path` itself or a data
+    file of it (the folders compared resolved: the same folder reached through a link is the same)."""
+    folder = path.absolute().parent.resolve()
+
+    def replaced(file: Path) -> bool:
+        named = file.name == path.name or bool(data_pattern(path).fullmatch(file.name))
+        return named and file.absolute().parent.resolve() == folder
+
+    return replaced
 
 
 def data_pattern(path: Path) -> re.Pattern[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -15,16 +16,18 @@ from google.protobuf.message import DecodeError
 
 from . import lower  # noqa: F401  (registers every op)
 from . import big_models
-from .big_models import PROTOBUF_LIMIT, check_skeleton, initializer_graphs, weight_bytes
+from .big_models import PROTOBUF_LIMIT, check_skeleton, holds_external, initializer_graphs, weight_bytes
 from .errors import ModelLoadError
 from .external_data import inline_external_data, open_regular_file
 
 ModelSource = str | os.PathLike | bytes | onnx.ModelProto
 
 
-def read_model(source: ModelSource) -> tuple[onnx.ModelProto, Path | None]:
+def read_model(source: ModelSource, keep_state: bool = False) -> tuple[onnx.ModelProto, Path | None]:
     """Parse `source` and inline its external data; returns the proto and the folder it was read from. A model
-    given as bytes or a ModelProto has no folder, so external data in it is refused (see external_data.py)."""
+    given as bytes or a ModelProto has no folder, so external data in it is refused (see external_data.py).
+    `keep_state`: the external data of the state variables that with_state replaces on export (`state_tensors`)
+    stays where it is, checked, for an ExternalValues of the folder to read."""
     if isinstance(source, onnx.ModelProto):
         inline_external_data(source, None)
         return source, None
@@ -43,8 +46,22 @@ def read_model(source: ModelSource) -> tuple[onnx.ModelProto, Path | None]:
         raise ModelLoadError(f"{what} is not an ONNX model (protobuf parse failed: {exc})") from exc
     if model.ir_version <= 0 or not model.HasField("graph"):
         raise ModelLoadError(f"{what} is not an ONNX model (no ir_version or graph)")
-    inline_external_data(model, folder)
+    inline_external_data(model, folder, state_tensors(model) if keep_state else ())
     return model, folder
+
+
+def state_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """The initializer of each state variable (a binding key of a TrainingInfoProto, held by the main graph or
+    else that one's algorithm, as state_owners places it) that is the only initializer of its name: the tensors
+    export.with_state replaces, so the engine's proto never needs their bytes once they are on the device."""
+    count = Counter(t.name for g in initializer_graphs(model) for t in g.initializer)
+    main = {t.name for t in model.graph.initializer}
+    found = []
+    for info in model.training_info:
+        keys = {e.key for e in (*info.initialization_binding, *info.update_binding)}
+        found += [t for t in info.algorithm.initializer if t.name in keys - main and count[t.name] == 1]
+        found += [t for t in model.graph.initializer if t.name in keys and count[t.name] == 1]
+    return found
 
 
 @dataclass(frozen=True)
@@ -61,7 +78,7 @@ class StateFile:
         return path.exists() and self.path.exists() and os.path.samefile(path, self.path)
 
     def read(self) -> onnx.ModelProto:
-        model, _ = read_model(self.path)
+        model, _ = read_model(self.path, keep_state=True)
         held = {t.name: t for g in initializer_graphs(model) for t in g.initializer if t.name in self.checksums}
         changed = sorted(n for n, crc in self.checksums.items()
                          if n not in held or not held[n].HasField("raw_data") or zlib.crc32(held[n].raw_data) != crc)
@@ -77,7 +94,8 @@ def read_model_file(path: Path, what: str) -> bytes:
     """The bytes of a model file: a regular file no larger than a protobuf message can be."""
     if "\0" in str(path):
         raise ModelLoadError(f"model path {str(path)!r} contains a NUL byte")
-    file, size = open_regular_file(path, ModelLoadError, f"model {what}")
+    file, info = open_regular_file(path, ModelLoadError, f"model {what}")
+    size = info.st_size
     with file:
         if size > PROTOBUF_LIMIT:
             raise ModelLoadError(
@@ -90,11 +108,12 @@ def read_model_file(path: Path, what: str) -> bytes:
 def check_model(model: onnx.ModelProto) -> None:
     """onnx.checker on the model. The in-memory checker serializes the whole model and parses it again in C++
     (two transient copies of the weights; BERT-base: 1.8 s of a 2.7 s load) and cannot past 2 GiB, so a model
-    with more than SKELETON_CHECK_BYTES of weights is checked as a skeleton whose weights are external
-    references: the checker reads their names, types and dims, and tensor_data.py checks every weight's bytes
-    against its dims when it is decoded."""
+    with more than SKELETON_CHECK_BYTES of weights, or with state kept in external data (read_model's
+    keep_state), is checked as a skeleton whose weights are external references: the checker reads their names,
+    types and dims, and tensor_data.py (external_data.py) checks every weight's bytes against its dims when it
+    is decoded (read)."""
     try:
-        if weight_bytes(model) > big_models.SKELETON_CHECK_BYTES:
+        if weight_bytes(model) > big_models.SKELETON_CHECK_BYTES or holds_external(model):
             check_skeleton(model)
         else:
             onnx.checker.check_model(model)

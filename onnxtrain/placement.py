@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -53,8 +54,13 @@ class Placement:
         axis = max(axes, key=lambda a: shape[a])
         return NamedSharding(self.mesh, PartitionSpec(*[BATCH_AXIS if a == axis else None for a in range(len(shape))]))
 
-    def put(self, values: Mapping[str, Any]) -> dict[str, jax.Array]:
-        """Weights and state: on the default device, or on every device (whole, or split with shard_state)."""
+    def put(self, values: Mapping[str, Any], donated: bool = False) -> dict[str, jax.Array]:
+        """Weights and state: on the default device, or on every device (whole, or split with shard_state).
+        `donated`: arrays a step donates (the state), put as copies that XLA owns. On the CPU, jax.device_put
+        adopts a NumPy array that happens to be 64-byte aligned as the device buffer instead of copying it, and
+        XLA cannot donate a buffer it does not own: a first step would hold the old state beside the new."""
+        if donated:
+            values = {n: jnp.array(v, copy=True) if isinstance(v, np.ndarray) else v for n, v in values.items()}
         if self.devices and not self.parallel:
             return {n: jax.device_put(v, self.devices[0]) for n, v in values.items()}
         return {n: jax.device_put(v, self.sharding(np.shape(v))) for n, v in values.items()}

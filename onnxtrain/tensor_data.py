@@ -67,7 +67,8 @@ def decode_utf8(data: bytes, what: str) -> str:
 
 
 def tensor_value(tensor: TensorProto, label: str | None = None) -> np.ndarray:
-    """`tensor` as a NumPy array; its data must already be in the proto (external data is inlined by read_model)."""
+    """`tensor` as a NumPy array; its data must already be in the proto (external data is inlined by read_model,
+    or read by external_data.ExternalValues)."""
     label = tensor_label(tensor, label)
     if tensor.data_location == TensorProto.EXTERNAL:
         raise ExternalDataError(

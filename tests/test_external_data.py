@@ -11,6 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxtrain
 from onnxtrain.errors import ExternalDataError
+from onnxtrain.external_data import ExternalValues
+from onnxtrain.tensor_data import raw_size
 from training_models import mlp_adam
 
 SECRET = np.arange(1, 3, dtype=np.float32)  # what a hostile location would pull in: 8 bytes, fits a [2] tensor
@@ -222,3 +224,37 @@ def test_engine_given_an_unresolved_proto_refuses_it():
     make_external(model.graph.initializer[3], "b2.bin")
     with pytest.raises(ExternalDataError, match="'B2' references external data"):
         onnxtrain.Engine(model, check=False)
+
+
+@pytest.mark.parametrize("data_type", sorted(set(TensorProto.DataType.values()) - {TensorProto.UNDEFINED,
+                                                                                  TensorProto.STRING}),
+                         ids=TensorProto.DataType.Name)
+def test_a_kept_external_tensor_decodes_as_the_same_tensor_inline(tmp_path, data_type):
+    """What load reads straight from a file (a state variable kept in external data) is what onnx decodes from
+    the same bytes held inline, for every element type, whole bytes or packed, at an unaligned offset."""
+    inline = TensorProto(name="v", data_type=data_type, dims=[3, 5])
+    inline.raw_data = np.random.default_rng(data_type).bytes(raw_size(inline, "v"))
+    (tmp_path / "data.bin").write_bytes(b"pad" + inline.raw_data)
+    external = TensorProto(name="v", data_type=data_type, dims=[3, 5])
+    make_external(external, "data.bin", offset=3)
+    value = ExternalValues(tmp_path).value(external, "initializer 'v'")
+    expected = numpy_helper.to_array(inline)
+    assert (value.dtype, value.shape) == (expected.dtype, expected.shape)
+    assert value.tobytes() == expected.tobytes()
+
+
+def test_a_kept_external_tensor_is_confined_at_every_read(tmp_path):
+    """The data file swapped for a link out of the folder after load: reset refuses it, it reads nothing there."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (tmp_path / "secret.bin").write_bytes(SECRET.tobytes())
+    model = mlp_adam(params(), 0.1)
+    make_external(algorithm_initializer(model), "v.bin")
+    (folder / "v.bin").write_bytes(np.zeros(2, np.float32).tobytes())
+    (folder / "m.onnx").write_bytes(model.SerializeToString())
+    engine = onnxtrain.load(folder / "m.onnx")
+    engine.train_step({"X": np.ones((2, 3), np.float32), "Target": np.ones((2, 2), np.float32)})
+    (folder / "v.bin").unlink()
+    (folder / "v.bin").symlink_to(tmp_path / "secret.bin")
+    with pytest.raises(ExternalDataError, match="'v.bin' is outside the model's folder"):
+        engine.reset()

@@ -20,6 +20,7 @@ from google.protobuf.message import Message
 from .. import tensor_data
 from ..big_models import PROTOBUF_LIMIT
 from ..errors import ModelLoadError, UnsupportedOpError
+from ..external_data import ExternalValues
 from ..ir import Graph, Node, ValueInfo
 from ..tensor_data import decode_utf8, holds_no_data, known_type, tensor_value, zeros_of
 from ..well_formed import check_well_formed
@@ -38,6 +39,14 @@ class Resolver:
     checked: set[tuple[str, str]] = field(default_factory=set)  # local functions whose bodies were bound
     # initializers the model holds without their bytes because they are all zero (export.without_zero_state)
     zero_initializers: frozenset[str] = frozenset()
+    # reads the initializers the model keeps in external data (model.read_model's keep_state)
+    external: ExternalValues | None = None
+
+    def initializer_value(self, tensor: onnx.TensorProto) -> np.ndarray:
+        label = f"initializer {tensor.name!r}"
+        if tensor.name in self.zero_initializers and holds_no_data(tensor):
+            return zeros_of(tensor)
+        return tensor_value(tensor, label) if self.external is None else self.external.value(tensor, label)
 
     def with_opsets(self, opset_import, owner: str = "a function") -> "Resolver":
         return Resolver(opset_versions(opset_import, owner), self.functions, self.missing, self.checked)
@@ -187,8 +196,7 @@ def schema_has_body(schema: onnx.defs.OpSchema | None, opset: int | None) -> boo
 
 
 def build_graph(proto: onnx.GraphProto, resolver: Resolver) -> Graph:
-    initializers = {t.name: zeros_of(t) if t.name in resolver.zero_initializers and holds_no_data(t)
-                    else tensor_value(t, f"initializer {t.name!r}") for t in proto.initializer}
+    initializers = {t.name: resolver.initializer_value(t) for t in proto.initializer}
     for sparse in proto.sparse_initializer:
         initializers[sparse.values.name] = sparse_to_dense(sparse, f"sparse initializer {sparse.values.name!r}")
     return Graph(
@@ -211,12 +219,13 @@ def check_function_body(key: tuple[str, str], resolver: Resolver) -> None:
         build_node(node, inner, caller_attributes=None)
 
 
-def model_resolver(model: onnx.ModelProto, zero_initializers: frozenset[str] = frozenset()) -> Resolver:
+def model_resolver(model: onnx.ModelProto, zero_initializers: frozenset[str] = frozenset(),
+                   external: ExternalValues | None = None) -> Resolver:
     """The opsets and functions nodes bind with, once the model is known to be well formed (well_formed.py)."""
     check_well_formed(model)
     functions = {(f.domain, f.name): detached(f) for f in model.functions}
     return Resolver(opset_versions(model.opset_import, "the model"), functions,
-                    zero_initializers=zero_initializers)
+                    zero_initializers=zero_initializers, external=external)
 
 
 def raise_if_missing(resolver: Resolver) -> None:
