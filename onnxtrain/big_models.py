@@ -24,11 +24,11 @@ INLINE_BYTES = 1024  # smaller tensors stay in the model file: ONNX Runtime read
 SKELETON_CHECK_BYTES = 64 * 2**20  # past this many bytes of weights, onnx.checker checks a skeleton (below)
 
 
-def exceeds_protobuf_limit(model: onnx.ModelProto) -> bool:
-    """True when `model` cannot be serialized as one protobuf message. ByteSize is exact, so no margin is needed;
-    past 2 GiB it cannot even count (EncodeError)."""
+def exceeds_protobuf_limit(model: onnx.ModelProto, more: int = 0) -> bool:
+    """True when `model`, with at most `more` bytes to come, cannot be serialized as one protobuf message.
+    ByteSize is exact, so no margin is needed; past 2 GiB it cannot even count (EncodeError)."""
     try:
-        return model.ByteSize() > PROTOBUF_LIMIT
+        return model.ByteSize() + more > PROTOBUF_LIMIT
     except EncodeError:
         return True
 

@@ -440,8 +440,8 @@ class Engine:
                 self.model, self._state_file = self._state_file.read(), None
             if self._external is not None:  # so do the external data files it replaces
                 self._external.inline_files(self.model, replaced_by_export(Path(path)))
-            save_atomic(with_state(self.model, self._state, self.state_owner, self.step_count), Path(path),
-                        external_data)
+            model, pending = with_state(self.model, self._state, self.state_owner, self.step_count)
+            save_atomic(model, Path(path), external_data, pending)
 
 
 def load(

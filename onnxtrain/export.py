@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import re
+import sys
 import zlib
 from collections import Counter
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, Mapping
+from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
-from onnx.external_data_helper import set_external_data
+from onnx import TensorProto, helper, numpy_helper
 
 from . import big_models
 from .atomic import TOKEN_HEX, new_token, remove_matching, replace_atomically, unlink_quietly, write_durably
-from .big_models import PROTOBUF_LIMIT, exceeds_protobuf_limit, initializer_graphs, lean_copy, weight_tensors
+from .big_models import (PROTOBUF_LIMIT, exceeds_protobuf_limit, initializer_graphs, is_external, lean_copy,
+                         weight_tensors)
 from .errors import ExportError, ModelLoadError
 from .external_data import ExternalValues
 from .placement import host_array
-from .tensor_data import holds_no_data, raw_size, sparse_to_dense, tensor_value, zeros_of
+from .tensor_data import BITS, holds_no_data, raw_size, sparse_to_dense, tensor_value, zeros_of
 
 STEP_METADATA_KEY = "onnxtrain.step"  # metadata_props key of an exported model's train step count
 DATA_ALIGNMENT = 64  # bytes; each tensor starts at a multiple of this in the data file
@@ -36,27 +37,44 @@ def saved_step_count(model: onnx.ModelProto) -> int:
     return int(text)
 
 
+# What a pending tensor's bytes can add to a message's size besides their count: raw_data's tag and length, and
+# the longer length prefixes of the tensor, its graph and their owners (each a varint of at most 5 bytes more)
+PENDING_OVERHEAD = 32
+# A tensor of an export's model whose bytes are still an array, with that array: save_atomic writes it to the
+# data file straight from the array (a 2.7 GB model's state went through four copies into and out of the proto).
+Pending = tuple[TensorProto, np.ndarray]
+
+
 def with_state(
     model: onnx.ModelProto, state: Mapping[str, Any], state_owner: Mapping[str, int | None], step: int,
-) -> onnx.ModelProto:
-    """A copy of `model` whose state initializers hold `state` and whose metadata records `step` train steps.
-    `state_owner`: each state variable -> None (ModelProto.graph) or k (training_info[k].algorithm)."""
+) -> tuple[onnx.ModelProto, list[Pending]]:
+    """A copy of `model` whose state initializers hold `state` and whose metadata records `step` train steps,
+    for save_atomic: each state initializer whose bytes an array holds as they lie in memory is left without
+    them, and comes back with that array. `state_owner`: each state variable -> None (ModelProto.graph) or k
+    (training_info[k].algorithm)."""
     # the state's old bytes are not copied, they are replaced below; a name in several graphs is copied whole
     names = Counter(t.name for g in initializer_graphs(model) for t in g.initializer)
     result = lean_copy(model, lambda tensor: tensor.name in state_owner and names[tensor.name] == 1)
+    pending = []
     for name, value in state.items():
         owner = state_owner[name]
         graph = result.graph if owner is None else result.training_info[owner].algorithm
         for tensor in graph.initializer:
             if tensor.name == name:
-                tensor.CopyFrom(numpy_helper.from_array(host_array(value), name))
+                array = np.asarray(host_array(value), order="C")  # (ascontiguousarray makes a 0-d array 1-d)
+                data_type = in_memory_type(array)
+                if data_type is None:
+                    tensor.CopyFrom(numpy_helper.from_array(array, name))
+                else:
+                    tensor.CopyFrom(TensorProto(name=name, data_type=data_type, dims=array.shape))
+                    pending.append((tensor, array))
                 break
     for prop in list(result.metadata_props):
         if prop.key == STEP_METADATA_KEY:
             result.metadata_props.remove(prop)
     if step:
         result.metadata_props.add(key=STEP_METADATA_KEY, value=str(step))
-    return result
+    return result, pending
 
 
 # The share of a model's initializer bytes its zero state must hold for `without_zero_state` to copy the rest of
@@ -173,10 +191,26 @@ def with_initializers(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx
     return result
 
 
-def save_atomic(model: onnx.ModelProto, path: Path, external_data: bool | None = None) -> None:
+def in_memory_type(array: np.ndarray) -> int | None:
+    """The TensorProto type whose raw_data is exactly `array`'s memory; None where onnx encodes the values
+    otherwise (packed sub-byte types, strings, a big-endian host)."""
+    if array.dtype.kind in "OUS" or sys.byteorder != "little":
+        return None
+    data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+    return None if data_type in BITS else data_type
+
+
+def array_bytes(array: np.ndarray) -> memoryview:
+    """`array`'s memory as bytes (C-contiguous; any dtype, 0-d included)."""
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+def save_atomic(model: onnx.ModelProto, path: Path, external_data: bool | None = None,
+                pending: Sequence[Pending] = ()) -> None:
     """Write `model` to `path`; with external data (external_data=True, or None and the model past protobuf's
     limit) its weights (big_models.weight_tensors) go to `<name>.<token>.data` beside it. `model` is consumed
-    (its weights are moved out).
+    (its weights are moved out). `pending`: tensors of `model` whose bytes are arrays (with_state's), written
+    from the arrays.
 
     The model file at `path` is always either the previous one or the new one, each whole with its own data file:
     every export writes its weights under a fresh name, then the model file referencing them replaces the old
@@ -185,16 +219,21 @@ def save_atomic(model: onnx.ModelProto, path: Path, external_data: bool | None =
     export to `path`. One writer per path at a time."""
     path = Path(path)
     if external_data is None:
-        external_data = exceeds_protobuf_limit(model)
+        external_data = exceeds_protobuf_limit(model, sum(PENDING_OVERHEAD + a.nbytes for _, a in pending))
     folder = path.absolute().parent  # not resolve(): a symlink at `path` is replaced, not its target
     if not folder.is_dir():
         raise ExportError(f"cannot export to {str(path)!r}: folder {str(folder)!r} does not exist")
     weights = weight_tensors(model) if external_data else []
+    arrays = {id(tensor): array for tensor, array in pending}  # `pending` holds the tensors: their ids name them
     data_name = f"{path.name}.{new_token()}.data" if weights else None
     committed = False
     try:
         if data_name is not None:
-            write_durably(folder / data_name, lambda stream: move_to_external_data(weights, stream, data_name))
+            write_durably(folder / data_name,
+                          lambda stream: move_to_external_data(weights, stream, data_name, arrays))
+        for tensor, array in pending:  # what stays in the model file
+            if not is_external(tensor):
+                tensor.raw_data = array_bytes(array).tobytes()
         serialized = serialize(model, path, external_data)
         replace_atomically(path, lambda stream: stream.write(serialized))
         committed = True
@@ -234,15 +273,20 @@ def serialize(model: onnx.ModelProto, path: Path, external_data: bool) -> bytes:
     return model.SerializeToString()
 
 
-def move_to_external_data(tensors: list[onnx.TensorProto], stream: BinaryIO, location: str) -> None:
-    """Append each tensor's bytes to `stream` (64-byte aligned) and make the tensor refer to them."""
+def move_to_external_data(tensors: list[onnx.TensorProto], stream: BinaryIO, location: str,
+                          arrays: Mapping[int, np.ndarray]) -> None:
+    """Append each tensor's bytes (its array's, where `arrays` has one by the tensor's id) to `stream` (64-byte
+    aligned) and make the tensor refer to them."""
     for tensor in tensors:
-        if not tensor.HasField("raw_data"):
+        array = arrays.get(id(tensor))
+        if array is None and not tensor.HasField("raw_data"):
             tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor), tensor.name))
         stream.write(bytes(-stream.tell() % DATA_ALIGNMENT))
         offset = stream.tell()
-        raw = tensor.raw_data  # a copy out of the message: read it once
+        raw = tensor.raw_data if array is None else array_bytes(array)  # raw_data: a copy out, read it once
         stream.write(raw)
-        set_external_data(tensor, location, offset=offset, length=len(raw))
-        tensor.data_location = onnx.TensorProto.EXTERNAL
         tensor.ClearField("raw_data")
+        del tensor.external_data[:]
+        for key, value in (("location", location), ("offset", offset), ("length", len(raw))):
+            tensor.external_data.add(key=key, value=str(value))
+        tensor.data_location = onnx.TensorProto.EXTERNAL

@@ -96,3 +96,41 @@ def test_failed_export_leaves_the_existing_file_untouched(tmp_path, monkeypatch)
         engine.export(path)
     assert path.read_bytes() == b"previous contents"
     assert os.listdir(tmp_path) == ["keep.onnx"]
+
+
+@pytest.mark.parametrize("external_data", [False, True])
+def test_state_of_every_kind_is_written_as_onnx_reads_it(tmp_path, external_data):
+    """with_state leaves a state variable whose bytes lie in memory as onnx stores them without bytes, and the
+    save writes them straight from the array (into the data file, or the model file); packed and text state
+    goes through onnx's encoder. onnx's own decoder reads back every value, dtype and shape."""
+    import ml_dtypes
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxtrain.export import save_atomic, with_state
+
+    rng = np.random.default_rng(0)
+    state = {
+        "f32": rng.normal(size=(16, 32)).astype(np.float32),  # 2 KB: a weight, external with external_data
+        "f16": rng.normal(size=(3, 5)).astype(np.float16),
+        "bf16": rng.normal(size=(33, 17)).astype(ml_dtypes.bfloat16),
+        "f8": rng.normal(size=(7,)).astype(ml_dtypes.float8_e4m3fn),
+        "i64": np.arange(600, dtype=np.int64).reshape(20, 30),  # int64: always in the model file
+        "flag": np.array([True, False, True]),
+        "scalar": np.float32(2.5).reshape(()),
+        "i4": np.array([-8, 7, 0, 3, 1], dtype=ml_dtypes.int4),  # packed two to a byte: onnx encodes it
+        "text": np.array(["a", "bé"], dtype=object),
+    }
+    graph = helper.make_graph([], "g", [], [], [numpy_helper.from_array(np.zeros_like(v), n) if v.dtype != object
+                                                 else helper.make_tensor(n, TensorProto.STRING, v.shape, [b""] * v.size)
+                                                 for n, v in state.items()])
+    model = helper.make_model(graph)
+    exported, pending = with_state(model, state, {name: None for name in state}, step=3)
+    assert {tensor.name for tensor, _ in pending} == {"f32", "f16", "bf16", "f8", "i64", "flag", "scalar"}
+    save_atomic(exported, tmp_path / "m.onnx", external_data, pending)
+    read = onnx.load(tmp_path / "m.onnx", load_external_data=False)
+    external = {t.name for t in read.graph.initializer if t.data_location == TensorProto.EXTERNAL}
+    assert external == ({"f32", "bf16"} if external_data else set())
+    onnx.external_data_helper.load_external_data_for_model(read, str(tmp_path))
+    values = {t.name: numpy_helper.to_array(t) for t in read.graph.initializer}
+    for name, value in state.items():
+        assert values[name].dtype == value.dtype and values[name].shape == value.shape, name
+        assert values[name].tolist() == value.tolist(), name
