@@ -383,3 +383,27 @@ def test_the_state_is_put_as_buffers_xla_owns_without_compiling_anything():
     for name, value in values.items():
         assert placed[name].unsafe_buffer_pointer() != value.ctypes.data, name
         np.testing.assert_array_equal(np.asarray(placed[name]), value)
+
+
+def test_reset_reads_state_split_between_the_model_file_and_its_data_file(tmp_path):
+    """onnx's writer keeps tensors under 1 KB in the model file (Adam's step count) and the rest in the data file
+    (weights and moments): reset reads the first from the model file (checksummed) and the second from the data
+    file (stamped), and restores every variable to what onnx reads from the pair."""
+    model, _ = wide_mlp()
+    path = tmp_path / "adam.onnx"
+    onnx.save(onnxtrain.make_trainable(model, loss="mse", optimizer="adam", learning_rate=0.01), path,
+              save_as_external_data=True, location="adam.onnx.data", size_threshold=1024)
+    stored = onnx.load(path)  # onnx's reading of both files
+    values = {t.name: numpy_helper.to_array(t) for g in [stored.graph, stored.training_info[0].algorithm]
+              for t in g.initializer}
+    references = onnx.load(path, load_external_data=False)
+    external = {t.name for g in [references.graph, references.training_info[0].algorithm] for t in g.initializer
+                if t.data_location == TensorProto.EXTERNAL}
+    engine = onnxtrain.load(path)
+    assert set(engine.state) & external and set(engine.state) - external  # the state is in both files
+    x = np.random.default_rng(1).standard_normal((4, WIDTHS[0]), np.float32)
+    for _ in range(2):
+        engine.train_step({"X": x, "target": np.zeros((4, WIDTHS[-1]), np.float32)})
+    engine.reset()
+    for name in engine.state:
+        np.testing.assert_array_equal(np.asarray(engine.state[name]), values[name], err_msg=name)
