@@ -62,7 +62,7 @@ class Placement:
         for name, value in values.items():
             target = self.devices[0] if self.devices and not self.parallel else self.sharding(np.shape(value))
             array = jax.device_put(value, target)
-            if donated and adopted(array, value):
+            if donated and self.platform == "cpu" and adopted(array, value):  # (other platforms copy to device)
                 # a copy between buffers: jnp.array(copy=True) compiled a program per shape (MobileNetV3-small's
                 # load: 80 MB more resident)
                 array = jax.device_put(array, target, may_alias=False)
