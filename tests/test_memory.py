@@ -297,7 +297,7 @@ def external_trainable(folder) -> tuple[onnx.ModelProto, int, object]:
 
 def test_an_engine_that_read_external_data_reads_the_state_there_again(tmp_path):
     """load(path) of a model whose state is in external data leaves it there (the proto never holds the bytes:
-    a 2.7 GB model loads in half the time, its peak 2.5 GB lower); reset reads it again, and a data file
+    a 2.7 GB model's load peaked 2.4 GB lower); reset reads it again, and a data file
     changed since load is refused by name, even one of the same size, the trained state left as it was."""
     model, size, path = external_trainable(tmp_path)
     engine = onnxtrain.load(path)
