@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import sys
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -20,7 +19,7 @@ from .big_models import (PROTOBUF_LIMIT, exceeds_protobuf_limit, initializer_gra
 from .errors import ExportError, ModelLoadError
 from .external_data import ExternalValues
 from .placement import host_array
-from .tensor_data import BITS, holds_no_data, raw_size, sparse_to_dense, tensor_value, zeros_of
+from .tensor_data import holds_no_data, lies_in_memory, raw_size, sparse_to_dense, tensor_value, zeros_of
 
 STEP_METADATA_KEY = "onnxtrain.step"  # metadata_props key of an exported model's train step count
 DATA_ALIGNMENT = 64  # bytes; each tensor starts at a multiple of this in the data file
@@ -193,11 +192,11 @@ def with_initializers(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx
 
 def in_memory_type(array: np.ndarray) -> int | None:
     """The TensorProto type whose raw_data is exactly `array`'s memory; None where onnx encodes the values
-    otherwise (packed sub-byte types, strings, a big-endian host)."""
-    if array.dtype.kind in "OUS" or sys.byteorder != "little":
+    otherwise (strings, packed sub-byte types, a big-endian host)."""
+    if array.dtype.kind in "OUS":
         return None
     data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
-    return None if data_type in BITS else data_type
+    return data_type if lies_in_memory(data_type) else None
 
 
 def array_bytes(array: np.ndarray) -> memoryview:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO, Callable
@@ -22,11 +21,10 @@ from typing import BinaryIO, Callable
 import numpy as np
 import onnx
 from onnx import TensorProto
-from onnx.helper import tensor_dtype_to_np_dtype
 
 from .big_models import is_external
 from .errors import ExternalDataError, ModelLoadError
-from .tensor_data import BITS, KNOWN_TYPES, raw_size, tensor_value
+from .tensor_data import raw_size, raw_value, refuse_segment, tensor_value
 
 
 def open_regular_file(path: Path, error: type[ModelLoadError], what: str) -> tuple[BinaryIO, os.stat_result]:
@@ -182,27 +180,21 @@ class ExternalValues:
         """`tensor`'s values: through this object when it references external data, else from the proto."""
         if not is_external(tensor):
             return tensor_value(tensor, label)
-        dtype = tensor_dtype_to_np_dtype(tensor.data_type) if tensor.data_type in KNOWN_TYPES else None
-        whole = dtype is not None and tensor.data_type not in BITS and tensor.data_type != TensorProto.STRING
-        if not whole or sys.byteorder != "little" or tensor.HasField("segment"):  # decoded (or refused) as inline
-            inline = TensorProto()
-            inline.CopyFrom(tensor)
-            self.inline(inline, label)
-            return tensor_value(inline, label)
-        with tensor_range(tensor, label, self.folder) as (file, needed, stamp):
-            data = np.empty(needed, np.uint8)
-            self.check(tensor, label, stamp)
-            if file.readinto(memoryview(data)) != needed:  # the file shrank since its size was read
-                raise ExternalDataError(f"{label}: external data file ended early")
-        return data.view(dtype).reshape(tuple(tensor.dims))
+        refuse_segment(tensor, label)
+        return raw_value(tensor, self.read(tensor, label))
 
-    def inline(self, tensor: TensorProto, label: str) -> None:
-        """Move `tensor`'s external bytes into the proto."""
+    def read(self, tensor: TensorProto, label: str) -> bytes:
+        """`tensor`'s bytes from its data file, which must be the one the first read found."""
         data, stamp = read_tensor_bytes(tensor, label, self.folder)
-        self.check(tensor, label, stamp)
-        tensor.raw_data = data
-        tensor.data_location = TensorProto.DEFAULT
-        del tensor.external_data[:]
+        # by name: the kept tensors' names are unique in the model, and a model exported over the loaded one
+        # names another file for the same variable
+        if self.stamps.setdefault(tensor.name, stamp) != stamp:
+            location = entries(tensor, label).get("location", "")
+            raise ExternalDataError(
+                f"{label}: external data file {location!r} has changed since the model was loaded (the engine "
+                "reads the initial state there for reset() and to recover from a failed first step); load the "
+                "model again")
+        return data
 
     def inline_files(self, model: onnx.ModelProto, replaced: Callable[[Path], bool]) -> None:
         """Move into `model` the bytes of each tensor it keeps in a file that `replaced` says is about to go (an
@@ -212,17 +204,14 @@ class ExternalValues:
                 continue
             location = entries(tensor, label).get("location", "")
             if replaced(self.folder / location) or replaced(confined_path(location, self.folder, label)):
-                self.inline(tensor, label)
+                hold_inline(tensor, self.read(tensor, label))
 
-    def check(self, tensor: TensorProto, label: str, stamp: Stamp) -> None:
-        # by name: the kept tensors' names are unique in the model, and a model exported over the loaded one
-        # names another file for the same variable
-        if self.stamps.setdefault(tensor.name, stamp) != stamp:
-            location = entries(tensor, label).get("location", "")
-            raise ExternalDataError(
-                f"{label}: external data file {location!r} has changed since the model was loaded (the engine "
-                "reads the initial state there for reset() and to recover from a failed first step); load the "
-                "model again")
+
+def hold_inline(tensor: TensorProto, data: bytes) -> None:
+    """`tensor` holding `data` in its raw_data instead of referencing external data."""
+    tensor.raw_data = data
+    tensor.data_location = TensorProto.DEFAULT
+    del tensor.external_data[:]
 
 
 def inline_external_data(model: onnx.ModelProto, folder: Path | None, keep: Sequence[TensorProto] = ()) -> None:
@@ -243,6 +232,4 @@ def inline_external_data(model: onnx.ModelProto, folder: Path | None, keep: Sequ
             with tensor_range(tensor, label, folder):
                 pass
             continue
-        tensor.raw_data = read_tensor_bytes(tensor, label, folder)[0]
-        tensor.data_location = TensorProto.DEFAULT
-        del tensor.external_data[:]
+        hold_inline(tensor, read_tensor_bytes(tensor, label, folder)[0])

@@ -74,8 +74,7 @@ def tensor_value(tensor: TensorProto, label: str | None = None) -> np.ndarray:
         raise ExternalDataError(
             f"{label} references external data, which is only read when the model is loaded from its file path"
         )
-    if tensor.HasField("segment"):
-        raise ModelLoadError(f"{label} is a segment of a tensor; segmented tensors are not supported")
+    refuse_segment(tensor, label)
     known_type(tensor.data_type, label)
     count = element_count(tensor, label)
     if tensor.data_type == TensorProto.STRING:
@@ -94,10 +93,26 @@ def tensor_value(tensor: TensorProto, label: str | None = None) -> np.ndarray:
             f"{label} has {held} {unit} where its dims {list(tensor.dims)} and type "
             f"{TensorProto.DataType.Name(tensor.data_type)} need {needed}"
         )
-    if raw is not None and tensor.data_type not in BITS and sys.byteorder == "little":
-        # whole-byte elements stored as they lie in memory: a view of the bytes just read, not a second copy
+    return numpy_helper.to_array(tensor) if raw is None else raw_value(tensor, raw)
+
+
+def refuse_segment(tensor: TensorProto, label: str) -> None:
+    if tensor.HasField("segment"):
+        raise ModelLoadError(f"{label} is a segment of a tensor; segmented tensors are not supported")
+
+
+def lies_in_memory(data_type: int) -> bool:
+    """Whether raw_data of this (known, not string) type holds the elements as NumPy holds them in memory: whole-
+    byte elements on a little-endian host (onnx stores them little-endian, and packs the sub-byte types)."""
+    return data_type not in BITS and sys.byteorder == "little"
+
+
+def raw_value(tensor: TensorProto, raw: bytes) -> np.ndarray:
+    """`raw`, exactly the bytes `tensor`'s dims and type need, as `tensor`'s values: a view of the bytes where they
+    lie as in memory (not a second copy), else onnx's decoding of them."""
+    if lies_in_memory(tensor.data_type):
         return np.frombuffer(raw, helper.tensor_dtype_to_np_dtype(tensor.data_type)).reshape(tuple(tensor.dims))
-    return numpy_helper.to_array(tensor)
+    return numpy_helper.to_array(TensorProto(data_type=tensor.data_type, dims=tensor.dims, raw_data=raw))
 
 
 def holds_no_data(tensor: TensorProto) -> bool:
