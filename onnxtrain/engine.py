@@ -100,6 +100,7 @@ class Engine:
         self._external = external
         resolver = model_resolver(model, zero_state, external)
         self.graph = build_graph(model.graph, resolver)
+        self._output_names = tuple(o.name for o in self.graph.outputs)  # read by every infer
         self.algorithms: list[Algorithm] = parse_training_info(model, self.graph, resolver)
         raise_if_missing(resolver)
         self.functions = resolver.functions
@@ -245,7 +246,7 @@ class Engine:
 
     @property
     def output_names(self) -> list[str]:
-        return [o.name for o in self.graph.outputs]
+        return list(self._output_names)
 
     @property
     def state(self) -> Mapping[str, jax.Array]:
@@ -288,7 +289,7 @@ class Engine:
         checked = self._placement.feeds(self.check_feeds(feeds), self._declared)
         with self.lock:  # launched on the state of one moment: a step in another thread waits to donate it
             _, outputs = self._infer(self._state, self._main_consts, self._key, feeds=checked)
-        return {name: outputs[name] for name in self.output_names}
+        return {name: outputs[name] for name in self._output_names}
 
     def train_step(self, feeds: Mapping[str, Any], algorithm: int = 0) -> dict[str, Any]:
         """Evaluate ModelProto.graph + training_info[algorithm].algorithm and assign via update_binding.

@@ -12,11 +12,12 @@ from .errors import FeedError
 from .ir import ValueInfo
 
 
-def to_array(name: str, value: Any) -> Any:
-    """A feed as a NumPy or jax array (jax arrays pass through without a copy); sequences stay lists."""
+def to_array(name: str, value: Any, sequence: bool = False) -> Any:
+    """A feed as a NumPy or jax array (jax arrays pass through without a copy); a `sequence` input's list stays a
+    list of them, any other list is one array (nested lists, as a user writes a small tensor)."""
     if isinstance(value, (jax.Array, np.ndarray)) or value is None:
         return value
-    if isinstance(value, list):  # an ONNX sequence (possibly empty): a list of tensors
+    if sequence and isinstance(value, list):  # an ONNX sequence (possibly empty): a list of tensors
         return [to_array(name, v) for v in value]
     try:
         return np.asarray(value)
@@ -38,13 +39,21 @@ def check_feeds(
     missing = [v.name for v in required if v.name not in feeds]
     if missing:
         raise FeedError(f"missing feed(s) {missing}; the model requires {[v.name for v in required]}")
-    converted = {name: to_array(name, value) for name, value in feeds.items()}
+    converted = {name: to_array(name, value, holds_sequence(declared[name])) for name, value in feeds.items()}
     symbols: dict[str, tuple[int, str]] = {}
     for name, value in converted.items():
         check_one(declared[name], value, symbols)
         if rows_required and empty_batch(declared[name], value):
             raise FeedError(f"feed {name!r} has no rows (shape {tuple(value.shape)}): a train step needs at least one")
     return converted
+
+
+def holds_sequence(info: ValueInfo) -> bool:
+    """Whether the input is an ONNX sequence, or an optional one."""
+    kind = info.type_proto.WhichOneof("value")
+    if kind == "optional_type":
+        kind = info.type_proto.optional_type.elem_type.WhichOneof("value")
+    return kind == "sequence_type"
 
 
 def empty_batch(info: ValueInfo, value: Any) -> bool:

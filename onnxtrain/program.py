@@ -241,6 +241,9 @@ class Program:
         self.host_outputs: dict[tuple, dict[str, np.ndarray]] = {}
         self.trace_count = 0
         self.calls = 0  # of the CPU program without static feeds, up to SPLIT_AFTER_CALLS
+        # the executable the last call without static feeds ran, once it no longer counts calls: a loop calls
+        # one signature again and again, and the full path around it cost more than the launch (`__call__`)
+        self.recent: jax.stages.Compiled | None = None
         trim_after_compiles()  # the compiler's freed heap goes back to the system (host_memory.py)
 
     def _compiled(self, static: Mapping[str, Any]) -> tuple[Callable, tuple]:
@@ -266,6 +269,15 @@ class Program:
 
     def __call__(self, *arrays: Any, feeds: dict[str, Any]) -> Any:
         """`arrays` are positional pytrees; `feeds` is a dict of arrays split here into static and traced."""
+        if self.recent is not None and not self.static_feeds:
+            try:  # the executable checks the arguments' types and tree before it runs (or donates) anything
+                with jax.enable_x64(True):
+                    state, outputs = self.recent(self.constants, *arrays, feeds)
+            except TypeError:  # another signature, or a host-only feed: the full path below decides
+                self.recent = None
+            else:
+                host = self.host_outputs.get(())
+                return state, {**outputs, **host} if host else outputs
         (state, outputs), key = self._specialised(
             lambda fn, key, traced: self._run(fn, key, (self.constants, *arrays, traced)), feeds)
         host = self.host_outputs.get(key)
@@ -289,12 +301,21 @@ class Program:
             except TypeError:  # compiled for another signature (jax checks before it runs anything)
                 continue
             known.insert(0, known.pop(i))
+            self._remember(key, executable)
             return result
         executable = None if self.store is None or key else self._prepared(key, args)
         if executable is None:  # no store, or a program specialised to static feeds: jax.jit alone
             return fn(*args)
         known.insert(0, executable)
-        return executable(*args)
+        result = executable(*args)
+        self._remember(key, executable)
+        return result
+
+    def _remember(self, key: tuple, executable: jax.stages.Compiled) -> None:
+        """`executable` serves the next calls directly, where nothing is static and the calls are no longer
+        counted (a jax.jit function never does: it would trace a new signature past the static-feed checks)."""
+        counting = self.platform == "cpu" and self.calls < SPLIT_AFTER_CALLS
+        self.recent = None if key or counting else executable
 
     def _split_heaps(self, fn: Callable, args: tuple, known: list[jax.stages.Compiled]) -> None:
         """Put first in `known` the program for `args` compiled with its temporaries in heaps, where its plan in

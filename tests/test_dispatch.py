@@ -1,5 +1,6 @@
 """The per-call path of infer/train_step: feed checks remembered per signature, one compile per signature, the
-matmul precision compiled in, static feeds still recompiled per value, static values computed on the host."""
+matmul precision compiled in, static feeds still recompiled per value, static values computed on the host, and the
+executable a loop calls again and again launched directly, whatever the loop feeds next."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from onnx import TensorProto, helper
 
 import onnxtrain
 from onnxtrain.errors import FeedError
+from onnxtrain import program
 from onnxtrain.program import gc_paused
 
 
@@ -112,3 +114,43 @@ def test_tracing_pauses_the_garbage_collector_and_restores_it(enabled: bool):
         assert gc.isenabled() == enabled
     finally:
         gc.enable()
+
+
+def sgd_model() -> onnx.ModelProto:
+    """y = x @ W; loss = mean((y - t)^2); W -= 0.1 * dloss/dW, as a TrainingInfoProto."""
+    w = np.arange(6, dtype=np.float32).reshape(3, 2) / 10
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])],
+        [onnx.numpy_helper.from_array(w, "W")]), opset_imports=[helper.make_opsetid("", 17)])
+    return onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=0.1)
+
+
+def numpy_sgd(w: np.ndarray, x: np.ndarray, t: np.ndarray) -> np.ndarray:
+    return w - 0.1 * x.T @ (2 * (x @ w - t) / t.size)
+
+
+def test_the_directly_launched_executable_gives_way_to_any_other_signature(monkeypatch):
+    """After SPLIT_AFTER_CALLS calls a program launches the executable of its last call directly (program.py,
+    `recent`); a call with other shapes, dtypes, names or kinds of value takes the full path, with the feed
+    checks, and every step is still NumPy's SGD step."""
+    monkeypatch.setattr(program, "SPLIT_AFTER_CALLS", 2)
+    engine = onnxtrain.load(sgd_model())
+    rng = np.random.default_rng(0)
+    w = np.asarray(engine.state["W"]).copy()
+    for n in (4, 4, 4, 4, 2, 4, 2, 2, 4):
+        x, t = rng.standard_normal((n, 3)).astype(np.float32), rng.standard_normal((n, 2)).astype(np.float32)
+        feeds = {"x": x, "target": t} if n == 4 else {"x": jax.device_put(x), "target": jax.device_put(t)}
+        engine.train_step(feeds)
+        w = numpy_sgd(w, x, t)
+        np.testing.assert_allclose(np.asarray(engine.state["W"]), w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(engine.infer({"x": x})["y"]), x @ w, rtol=1e-5, atol=1e-6)
+    assert engine._train[0].recent is not None or engine._train[0].store is None
+    with pytest.raises(FeedError, match="dtype"):
+        engine.train_step({"x": x.astype(np.float64), "target": t})
+    with pytest.raises(FeedError, match="'target': expected dtype float, got double"):
+        engine.train_step({"x": x, "target": t.tolist()})
+    with pytest.raises(FeedError, match="unknown"):
+        engine.infer({"x": x, "z": x})
+    np.testing.assert_allclose(np.asarray(engine.infer({"x": x})["y"]), x @ w, rtol=1e-5, atol=1e-6)
