@@ -91,6 +91,10 @@ def array_signature(feeds: Mapping[str, Any]) -> tuple | None:
 
 
 def check_one(info: ValueInfo, value: Any, symbols: dict[str, tuple[int, str]]) -> None:
+    if value is None and info.type_proto.WhichOneof("value") not in (None, "optional_type"):
+        raise FeedError(f"feed {info.name!r} is None, which only an optional-typed input takes (an empty optional); "
+                        f"{info.name!r} is not one: feed a value, or leave the feed out where the graph gives it "
+                        f"an initializer")
     if not info.elem_type or value is None or isinstance(value, list):
         return
     expected = np_dtype(info.elem_type)

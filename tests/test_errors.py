@@ -68,6 +68,7 @@ FEEDS_OK = {"a": np.ones((2, 3), np.float32), "b": np.ones((2, 3), np.float32)}
         # nested lists are one tensor (Python floats: float64), not the ONNX sequence a list feeds elsewhere
         ({**FEEDS_OK, "b": [[1.0] * 3] * 2}, "feed 'b': expected dtype float, got double"),
         ({**FEEDS_OK, "b": [[1.0] * 3]}, "feed 'b': expected dtype float, got double"),
+        ({**FEEDS_OK, "b": None}, "feed 'b' is None, which only an optional-typed input takes"),
     ],
 )
 def test_bad_feeds(feeds, message):
