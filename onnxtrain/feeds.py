@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import jax
+import ml_dtypes
 import numpy as np
 
 from .dtypes import np_dtype, type_name, onnx_type
@@ -12,17 +13,65 @@ from .errors import FeedError
 from .ir import ValueInfo
 
 
-def to_array(name: str, value: Any, sequence: bool = False) -> Any:
-    """A feed as a NumPy or jax array (jax arrays pass through without a copy); a `sequence` input's list stays a
-    list of them, any other list is one array (nested lists, as a user writes a small tensor)."""
+# Python numbers are weakly typed (NumPy's NEP 50, JAX's weak types): a number, or nested lists of them, fed for a
+# tensor takes the declared element type, as `0.01` does beside a float32 array in NumPy, where its default
+# (float64, int64) would be refused. Within its kind only: a float never becomes an integer.
+WEAK_KINDS = {bool: "b", int: "i", float: "f", complex: "c"}
+WIDER_KINDS = {"": "bifc", "b": "b", "i": "ifc", "f": "fc", "c": "c"}  # "": an empty list, no value to lose
+
+
+def to_array(name: str, value: Any, info: ValueInfo | None = None) -> Any:
+    """A feed as a NumPy or jax array (jax arrays pass through without a copy); a sequence input's list stays a
+    list of them, any other list is one array (nested lists, as a user writes a small tensor), and Python numbers
+    take the declared element type of `info`'s tensor (WEAK_KINDS)."""
     if isinstance(value, (jax.Array, np.ndarray)) or value is None:
         return value
-    if sequence and isinstance(value, list):  # an ONNX sequence (possibly empty): a list of tensors
+    if isinstance(value, list) and info is not None and holds_sequence(info):  # a list of tensors, maybe empty
         return [to_array(name, v) for v in value]
     try:
-        return np.asarray(value)
+        array = np.asarray(value)
     except (TypeError, ValueError) as exc:
         raise FeedError(f"feed {name!r}: cannot convert {type(value).__name__} to an array ({exc})") from exc
+    kind = weak_kind(value)
+    if kind is None or info is None or not info.elem_type:
+        return array
+    target = np_dtype(info.elem_type)
+    if number_kind(target) not in WIDER_KINDS[kind]:
+        return array  # refused by the type check, naming both types
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, by value
+        converted = array.astype(target)
+    lost = (converted.astype(array.dtype) != array) if kind in "bi" and number_kind(target) == "i" else (
+        np.isfinite(array) & ~np.isfinite(converted))
+    if np.any(lost):
+        raise FeedError(f"feed {name!r}: {array[lost].ravel()[0].item()!r} is out of the range of its declared type "
+                        f"{type_name(info.elem_type)}")
+    return converted
+
+
+def weak_kind(value: Any) -> str | None:
+    """The kind (WEAK_KINDS) of a Python number or of nested lists and tuples of Python numbers (the widest one
+    among them; "" for empty ones), else None: NumPy values keep their own type."""
+    if type(value) in WEAK_KINDS:
+        return WEAK_KINDS[type(value)]
+    if not isinstance(value, (list, tuple)):
+        return None
+    kinds = [weak_kind(v) for v in value]
+    if None in kinds:
+        return None
+    return max(kinds, key=list(WIDER_KINDS).index, default="")
+
+
+def number_kind(dtype: np.dtype) -> str | None:
+    """'b', 'i' (signed or not), 'f' or 'c' for a numeric dtype, ml_dtypes' narrow floats and integers included."""
+    if dtype.kind in "biufc":
+        return "i" if dtype.kind == "u" else dtype.kind
+    for kind, info in (("i", ml_dtypes.iinfo), ("f", ml_dtypes.finfo)):
+        try:
+            info(dtype)
+            return kind
+        except ValueError:
+            continue
+    return None
 
 
 def check_feeds(
@@ -39,7 +88,7 @@ def check_feeds(
     missing = [v.name for v in required if v.name not in feeds]
     if missing:
         raise FeedError(f"missing feed(s) {missing}; the model requires {[v.name for v in required]}")
-    converted = {name: to_array(name, value, holds_sequence(declared[name])) for name, value in feeds.items()}
+    converted = {name: to_array(name, value, declared[name]) for name, value in feeds.items()}
     symbols: dict[str, tuple[int, str]] = {}
     for name, value in converted.items():
         check_one(declared[name], value, symbols)

@@ -150,7 +150,60 @@ def test_the_directly_launched_executable_gives_way_to_any_other_signature(monke
     with pytest.raises(FeedError, match="dtype"):
         engine.train_step({"x": x.astype(np.float64), "target": t})
     with pytest.raises(FeedError, match="'target': expected dtype float, got double"):
-        engine.train_step({"x": x, "target": t.tolist()})
+        engine.train_step({"x": x, "target": t.astype(np.float64)})
     with pytest.raises(FeedError, match="unknown"):
         engine.infer({"x": x, "z": x})
     np.testing.assert_allclose(np.asarray(engine.infer({"x": x})["y"]), x @ w, rtol=1e-5, atol=1e-6)
+
+
+def identities(types: dict[str, tuple[int, list]]) -> onnx.ModelProto:
+    """One Identity per input name, each input of its element type and shape."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", [n], [f"{n}_out"]) for n in types], "g",
+        [helper.make_tensor_value_info(n, t, shape) for n, (t, shape) in types.items()],
+        [helper.make_tensor_value_info(f"{n}_out", t, shape) for n, (t, shape) in types.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+WEAK_TYPES = {"f": (TensorProto.FLOAT, ["n"]), "h": (TensorProto.FLOAT16, []), "u": (TensorProto.UINT8, ["k"]),
+              "i": (TensorProto.INT32, []), "b": (TensorProto.BOOL, ["m"]), "d": (TensorProto.DOUBLE, [])}
+
+
+def test_python_numbers_take_the_declared_element_type():
+    """NumPy's weak Python scalars (NEP 50): 0.01 fed for a float input is float32 0.01, not a refused double;
+    nested lists too; ints widen to floats; the values are NumPy's conversions of them."""
+    engine = onnxtrain.load(identities(WEAK_TYPES))
+    feeds = {"f": [0.01, 2, 3.5, -1], "h": 0.1, "u": [0, 255, 7], "i": -5, "b": [True, False], "d": 1 / 3}
+    outputs = engine.infer(feeds)
+    for name, value in feeds.items():
+        expected = np.asarray(value).astype(onnx.helper.tensor_dtype_to_np_dtype(WEAK_TYPES[name][0]))
+        got = np.asarray(outputs[f"{name}_out"])
+        assert got.dtype == expected.dtype
+        np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("u", [1, 300], "300 is out of the range of its declared type uint8"),
+    ("u", -1, "-1 is out of the range of its declared type uint8"),
+    ("h", 1e5, "100000.0 is out of the range of its declared type float16"),
+    ("f", [1.0, 1e300], "1e[+]300 is out of the range of its declared type float"),
+    ("i", 1.5, "expected dtype int32, got double"),  # never a float into an integer
+    ("b", 1, "expected dtype bool, got int64"),
+    ("f", np.float64(0.5), "expected dtype float, got double"),  # NumPy values keep their own type
+    ("f", [np.float64(0.5)], "expected dtype float, got double"),
+])
+def test_python_numbers_that_the_declared_type_cannot_hold_are_refused(name: str, value, message: str):
+    engine = onnxtrain.load(identities(WEAK_TYPES))
+    feeds = {"f": [0.0], "h": 0.0, "u": [0], "i": 0, "b": [False], "d": 0.0, name: value}
+    with pytest.raises(FeedError, match=f"feed '{name}': {message}"):
+        engine.infer(feeds)
+
+
+def test_a_python_learning_rate_trains_as_numpy_does():
+    """`train_step({..., "learning_rate": 0.01})`, as a PyTorch user writes a rate: NumPy's SGD step at 0.01."""
+    engine = onnxtrain.load(sgd_model())
+    x, t = np.ones((2, 3), np.float32), np.full((2, 2), 2.0, np.float32)
+    w = np.asarray(engine.state["W"]).copy()
+    engine.train_step({"x": x.tolist(), "target": t.tolist(), "learning_rate": 0.01})
+    expected = w - 0.01 * x.T @ (2 * (x @ w - t) / t.size)
+    np.testing.assert_allclose(np.asarray(engine.state["W"]), expected, rtol=1e-6)
