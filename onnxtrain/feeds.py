@@ -7,10 +7,12 @@ from typing import Any, Mapping
 import jax
 import ml_dtypes
 import numpy as np
+import onnx
 
 from .dtypes import np_dtype, type_name, onnx_type
 from .errors import FeedError
 from .ir import ValueInfo
+from .lower.build import value_info
 
 
 # Python numbers are weakly typed (NumPy's NEP 50, JAX's weak types): a number, or nested lists of them, fed for a
@@ -20,20 +22,17 @@ WEAK_KINDS = {bool: "b", int: "i", float: "f", complex: "c"}
 WIDER_KINDS = {"": "bifc", "b": "b", "i": "ifc", "f": "fc", "c": "c"}  # "": an empty list, no value to lose
 
 
-def to_array(name: str, value: Any, info: ValueInfo | None = None) -> Any:
-    """A feed as a NumPy or jax array (jax arrays pass through without a copy); a sequence input's list stays a
-    list of them, any other list is one array (nested lists, as a user writes a small tensor), and Python numbers
-    take the declared element type of `info`'s tensor (WEAK_KINDS)."""
-    if isinstance(value, (jax.Array, np.ndarray)) or value is None:
+def to_array(name: str, value: Any, info: ValueInfo) -> Any:
+    """A tensor feed as a NumPy or jax array (jax arrays pass through without a copy): nested lists are one array,
+    as a user writes a small tensor, and Python numbers take the declared element type (WEAK_KINDS)."""
+    if isinstance(value, (jax.Array, np.ndarray)):
         return value
-    if isinstance(value, list) and info is not None and holds_sequence(info):  # a list of tensors, maybe empty
-        return [to_array(name, v) for v in value]
     try:
         array = np.asarray(value)
     except (TypeError, ValueError) as exc:
         raise FeedError(f"feed {name!r}: cannot convert {type(value).__name__} to an array ({exc})") from exc
     kind = weak_kind(value)
-    if kind is None or info is None or not info.elem_type:
+    if kind is None or not info.elem_type:
         return array
     target = np_dtype(info.elem_type)
     if number_kind(target) not in WIDER_KINDS[kind]:
@@ -88,21 +87,42 @@ def check_feeds(
     missing = [v.name for v in required if v.name not in feeds]
     if missing:
         raise FeedError(f"missing feed(s) {missing}; the model requires {[v.name for v in required]}")
-    converted = {name: to_array(name, value, declared[name]) for name, value in feeds.items()}
     symbols: dict[str, tuple[int, str]] = {}
-    for name, value in converted.items():
-        check_one(declared[name], value, symbols)
-        if rows_required and empty_batch(declared[name], value):
-            raise FeedError(f"feed {name!r} has no rows (shape {tuple(value.shape)}): a train step needs at least one")
+    converted = {}
+    for name, value in feeds.items():
+        converted[name] = checked(name, value, declared[name], symbols)
+        if rows_required and empty_batch(declared[name], converted[name]):
+            raise FeedError(f"feed {name!r} has no rows (shape {tuple(converted[name].shape)}): a train step needs at "
+                            f"least one")
     return converted
 
 
-def holds_sequence(info: ValueInfo) -> bool:
-    """Whether the input is an ONNX sequence, or an optional one."""
+def checked(name: str, value: Any, info: ValueInfo, symbols: dict[str, tuple[int, str]]) -> Any:
+    """`value` converted and checked against the type of `info`: a tensor by `check_one`; a sequence as a list,
+    each element against the element type (its named dimensions its own: elements may differ in shape); an
+    optional as None (empty) or as its element type. Other types (maps) pass as before, unchecked."""
     kind = info.type_proto.WhichOneof("value")
     if kind == "optional_type":
-        kind = info.type_proto.optional_type.elem_type.WhichOneof("value")
-    return kind == "sequence_type"
+        return None if value is None else checked(name, value, contained(info, "optional_type"), symbols)
+    if value is None and kind is not None:
+        raise FeedError(f"feed {name!r} is None, which only an optional-typed input takes (an empty optional); "
+                        f"{info.name!r} is not one: feed a value, or leave the feed out where the graph gives it "
+                        f"an initializer")
+    if kind == "sequence_type":
+        if not isinstance(value, list):
+            raise FeedError(f"feed {name!r} is a sequence input: feed a list of tensors, not {type(value).__name__}")
+        element = contained(info, "sequence_type")
+        return [checked(f"{name}[{i}]", v, element, {}) for i, v in enumerate(value)]
+    if value is None:
+        return None
+    array = to_array(name, value, info)
+    check_one(name, info, array, symbols)
+    return array
+
+
+def contained(info: ValueInfo, kind: str) -> ValueInfo:
+    """The ValueInfo of what a sequence or optional `info` holds."""
+    return value_info(onnx.helper.make_value_info(info.name, getattr(info.type_proto, kind).elem_type))
 
 
 def empty_batch(info: ValueInfo, value: Any) -> bool:
@@ -139,18 +159,15 @@ def array_signature(feeds: Mapping[str, Any]) -> tuple | None:
     return tuple(signature)
 
 
-def check_one(info: ValueInfo, value: Any, symbols: dict[str, tuple[int, str]]) -> None:
-    if value is None and info.type_proto.WhichOneof("value") not in (None, "optional_type"):
-        raise FeedError(f"feed {info.name!r} is None, which only an optional-typed input takes (an empty optional); "
-                        f"{info.name!r} is not one: feed a value, or leave the feed out where the graph gives it "
-                        f"an initializer")
-    if not info.elem_type or value is None or isinstance(value, list):
+def check_one(name: str, info: ValueInfo, value: Any, symbols: dict[str, tuple[int, str]]) -> None:
+    """A tensor feed (`name`: the feed, or a sequence's element) against the tensor type of `info`."""
+    if not info.elem_type:
         return
     expected = np_dtype(info.elem_type)
     given = np.dtype(value.dtype)
     if given != expected and not (expected == object and given.kind in "OUS"):
         raise FeedError(
-            f"feed {info.name!r}: expected dtype {type_name(info.elem_type)}, "
+            f"feed {name!r}: expected dtype {type_name(info.elem_type)}, "
             f"got {type_name(onnx_type(given)) if given.kind not in 'OUSV' else given}"
         )
     if info.shape is None:
@@ -158,19 +175,19 @@ def check_one(info: ValueInfo, value: Any, symbols: dict[str, tuple[int, str]]) 
     shape = tuple(value.shape)
     if len(shape) != len(info.shape):
         raise FeedError(
-            f"feed {info.name!r}: expected rank {len(info.shape)} (shape {format_shape(info.shape)}), "
+            f"feed {name!r}: expected rank {len(info.shape)} (shape {format_shape(info.shape)}), "
             f"got rank {len(shape)} (shape {shape})"
         )
     for axis, (want, got) in enumerate(zip(info.shape, shape)):
         if isinstance(want, int) and want != got:
             raise FeedError(
-                f"feed {info.name!r}: dimension {axis} must be {want} (shape {format_shape(info.shape)}), got {got}"
+                f"feed {name!r}: dimension {axis} must be {want} (shape {format_shape(info.shape)}), got {got}"
             )
         if isinstance(want, str):
-            seen = symbols.setdefault(want, (got, f"{info.name!r} dimension {axis}"))
+            seen = symbols.setdefault(want, (got, f"{name!r} dimension {axis}"))
             if seen[0] != got:
                 raise FeedError(
-                    f"feed {info.name!r}: dimension {axis} ({want!r}) is {got}, "
+                    f"feed {name!r}: dimension {axis} ({want!r}) is {got}, "
                     f"but {seen[1]} gave {want!r} = {seen[0]}"
                 )
 

@@ -77,6 +77,45 @@ def test_bad_feeds(feeds, message):
         engine.infer(feeds)
 
 
+def sequence_and_optional_model() -> onnx.ModelProto:
+    """y = ConcatFromSequence(s) for s: seq(float[k]); has = OptionalHasElement(o) for o: optional(float[2])."""
+    optional = helper.make_value_info("o", helper.make_optional_type_proto(
+        helper.make_tensor_type_proto(TensorProto.FLOAT, [2])))
+    graph = helper.make_graph(
+        [helper.make_node("ConcatFromSequence", ["s"], ["y"], axis=0),
+         helper.make_node("OptionalHasElement", ["o"], ["has"])], "g",
+        [helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, ["k"]), optional],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m"]),
+         helper.make_tensor_value_info("has", TensorProto.BOOL, [])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+ONE = np.ones(2, np.float32)
+
+
+@pytest.mark.parametrize("feeds, message", [
+    ({"s": [ONE, ONE.astype(np.int64)], "o": ONE}, r"feed 's\[1\]': expected dtype float, got int64"),
+    ({"s": [ONE.reshape(1, 2)], "o": ONE}, r"feed 's\[0\]': expected rank 1 \(shape \[k\]\), got rank 2"),
+    ({"s": ONE, "o": ONE}, "feed 's' is a sequence input: feed a list of tensors, not ndarray"),
+    ({"s": None, "o": ONE}, "feed 's' is None, which only an optional-typed input takes"),
+    ({"s": [ONE], "o": ONE.astype(np.float64)}, "feed 'o': expected dtype float, got double"),
+    ({"s": [ONE], "o": np.ones(3, np.float32)}, "feed 'o': dimension 0 must be 2"),
+])
+def test_sequence_elements_and_optional_values_are_checked_against_their_declared_types(feeds, message):
+    """Unchecked, an int64 element of a float sequence computed an int64 result that the graph declares float."""
+    engine = onnxtrain.load(sequence_and_optional_model())
+    with pytest.raises(FeedError, match=message):
+        engine.infer(feeds)
+
+
+def test_sequence_elements_and_optional_values_that_match_are_computed():
+    engine = onnxtrain.load(sequence_and_optional_model())
+    out = engine.infer({"s": [ONE, [2.0, 3.0, 4.0]], "o": None})  # elements differ in length: each has its own k
+    np.testing.assert_array_equal(np.asarray(out["y"]), np.array([1, 1, 2, 3, 4], np.float32))
+    assert np.asarray(out["y"]).dtype == np.float32 and not bool(out["has"])
+    assert bool(engine.infer({"s": [ONE], "o": [5.0, 6.0]})["has"])
+
+
 def test_external_data_outside_the_model_folder_is_refused(tmp_path):
     model = add_model()
     weight = onnx.numpy_helper.from_array(np.ones((2, 3), np.float32), "b")
