@@ -29,7 +29,7 @@ def to_array(name: str, value: Any, info: ValueInfo) -> Any:
         return value
     try:
         array = np.asarray(value)
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # the object's own __array__ raises what it likes (torch: RuntimeError)
         raise FeedError(f"feed {name!r}: cannot convert {type(value).__name__} to an array ({exc})") from exc
     kind = weak_kind(value)
     if kind is None or not info.elem_type:

@@ -53,6 +53,13 @@ def test_unknown_ops_are_reported_all_at_once():
     assert "my.domain::OtherOp (opset 3)" in str(info.value)
 
 
+class Unconvertible:
+    """An object whose conversion to an array raises what it likes, as a torch tensor that requires grad does."""
+
+    def __array__(self, *args, **kwargs):
+        raise RuntimeError("no numbers here")
+
+
 FEEDS_OK = {"a": np.ones((2, 3), np.float32), "b": np.ones((2, 3), np.float32)}
 
 
@@ -68,6 +75,7 @@ FEEDS_OK = {"a": np.ones((2, 3), np.float32), "b": np.ones((2, 3), np.float32)}
         # nested lists are one tensor, not the ONNX sequence a list feeds elsewhere, checked as any other
         ({**FEEDS_OK, "b": [[1.0] * 3]}, "feed 'b': dimension 0 \\('N'\\) is 1, but 'a' dimension 0"),
         ({**FEEDS_OK, "b": [[1] * 3, [1] * 2]}, "feed 'b': cannot convert list to an array"),
+        ({**FEEDS_OK, "b": Unconvertible()}, "feed 'b': cannot convert Unconvertible to an array \\(no numbers"),
         ({**FEEDS_OK, "b": None}, "feed 'b' is None, which only an optional-typed input takes"),
     ],
 )
