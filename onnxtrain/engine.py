@@ -63,6 +63,21 @@ def device_float(dtype: np.dtype) -> bool:
     return is_float(dtype) and np.dtype(dtype) not in HOST_ONLY_DTYPES
 
 
+def check_seed(seed: Any) -> None:
+    """OptionError unless `seed` is an integer that jax.random.key takes (64 bits, signed or not)."""
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not -2**63 <= seed < 2**64:
+        raise OptionError(f"seed must be an integer of at most 64 bits, got {type(seed).__name__} {seed!r}")
+
+
+def check_matmul_precision(precision: Any) -> None:
+    """OptionError unless JAX takes `precision` as its matmul precision (the engine sets it while tracing)."""
+    try:
+        with jax.default_matmul_precision(precision):
+            pass
+    except (ValueError, TypeError) as exc:
+        raise OptionError(f"matmul_precision={precision!r} is not a precision JAX knows ({exc})") from exc
+
+
 def feed_lists(graphs: list[Graph]) -> tuple[list[ValueInfo], list[ValueInfo]]:
     """(required, optional) feeds of a concatenation of graphs: an input with an initializer is optional."""
     initialized = {name for g in graphs for name in g.initializers}
@@ -93,6 +108,8 @@ class Engine:
         self.mixed_precision = mixed_precision_of(mixed_precision, loss_scale)  # lower/autocast.py
         if remat not in REMAT_MODES:
             raise OptionError(f"remat={remat!r} is not one of False, True or 'attention'")
+        check_matmul_precision(matmul_precision)
+        check_seed(seed)
         if check:
             check_model(model)
         self.model = model
@@ -276,6 +293,9 @@ class Engine:
 
     def check_algorithm(self, algorithm: int) -> None:
         """StateError unless `algorithm` indexes one of the model's TrainingInfoProtos."""
+        if not isinstance(algorithm, (int, np.integer)) or isinstance(algorithm, bool):
+            raise StateError(f"algorithm is the index of a TrainingInfoProto, an int: got {type(algorithm).__name__} "
+                             f"{algorithm!r}")
         if not self.algorithms:
             raise StateError("the model carries no TrainingInfoProto, so it has no train step "
                              "(make-trainable adds one)")
@@ -373,6 +393,8 @@ class Engine:
 
     def init(self, seed: int | None = None) -> None:
         """Reset, then run every TrainingInfoProto.initialization in order and assign its bindings."""
+        if seed is not None:
+            check_seed(seed)
         with self.lock:
             self.reset()
             with jax.enable_x64(True):

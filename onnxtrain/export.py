@@ -222,6 +222,8 @@ def save_atomic(model: onnx.ModelProto, path: Path, external_data: bool | None =
     folder = path.absolute().parent  # not resolve(): a symlink at `path` is replaced, not its target
     if not folder.is_dir():
         raise ExportError(f"cannot export to {str(path)!r}: folder {str(folder)!r} does not exist")
+    if path.is_dir():  # refused before the weights are written, not at the rename after them
+        raise ExportError(f"cannot export to {str(path)!r}: it is a folder; name the model file in it")
     weights = weight_tensors(model) if external_data else []
     arrays = {id(tensor): array for tensor, array in pending}  # `pending` holds the tensors: their ids name them
     data_name = f"{path.name}.{new_token()}.data" if weights else None

@@ -140,6 +140,8 @@ class FeedChecker:
         self.passed: set[tuple] = set()
 
     def __call__(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(feeds, Mapping):
+            raise FeedError(f"feeds are a mapping {{input name: value}}, not {type(feeds).__name__}")
         signature = array_signature(feeds)
         if signature is not None and signature in self.passed:
             return dict(feeds)

@@ -34,6 +34,8 @@ def read_model(source: ModelSource, keep_state: bool = False) -> tuple[onnx.Mode
     folder = None
     if isinstance(source, (bytes, bytearray)):
         data, what = bytes(source), "the given bytes"
+    elif not isinstance(source, (str, os.PathLike)):
+        raise ModelLoadError(f"a model is a path, bytes or an onnx.ModelProto, not {type(source).__name__}")
     else:
         path = Path(source)
         what = f"file {str(path)!r}"

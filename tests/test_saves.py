@@ -16,6 +16,7 @@ from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 import onnxtrain
 import onnxtrain.big_models
+import onnxtrain.export
 from onnxtrain.errors import ExportError, ModelLoadError, StateError
 from onnxtrain.state.store import save_npz
 from test_export import T, X, trained  # an MLP trained with Adam for `steps` steps on (X, T)
@@ -46,6 +47,23 @@ def test_save_state_writes_exactly_the_given_path(tmp_path):
     resumed.load_state(path)
     assert resumed.step_count == 3
     assert_same_state(host_state(resumed), host_state(source))
+
+
+def test_a_folder_as_the_target_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """Naming a folder where a file goes failed at the rename, after the whole checkpoint or model (and its
+    data file) had been written; now it is refused first, and the folder is left as it was."""
+    engine = trained(1)
+    target = tmp_path / "runs"
+    target.mkdir()
+    (target / "kept.txt").write_text("mine")
+    written = []
+    monkeypatch.setattr(onnxtrain.export, "write_durably", lambda *args, **kwargs: written.append(args))
+    with pytest.raises(StateError, match="it is a folder; name the file in it"):
+        engine.save_state(target)
+    with pytest.raises(ExportError, match="it is a folder; name the model file in it"):
+        engine.export(target, external_data=True)
+    assert written == [] and sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+    assert sorted(p.name for p in target.iterdir()) == ["kept.txt"]
 
 
 def test_save_state_fsyncs_the_file_and_its_folder(tmp_path, monkeypatch):

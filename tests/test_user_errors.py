@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 import onnxtrain
 from onnxtrain.cli import main
-from onnxtrain.errors import FeedError, ModelLoadError, OnnxTrainError, StateError
+from onnxtrain.errors import FeedError, ModelLoadError, OnnxTrainError, OptionError, StateError
 
 EXAMPLE = Path(onnxtrain.__file__).parent / "examples"
 MODEL, DATA = EXAMPLE / "regression.onnx", EXAMPLE / "regression.npz"
@@ -60,6 +60,25 @@ def test_a_zero_row_batch_is_refused_before_it_counts_as_a_step():
         engine.train_step(empty)
     assert engine.step_count == 0 and int(engine.state["train.step"]) == 0  # Adam's own count too
     assert engine.infer({"X": empty["X"]})["Y"].shape == (0, 1)  # inference of nothing is fine
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: onnxtrain.load(None), ModelLoadError, "a model is a path, bytes or an onnx.ModelProto, not NoneType"),
+    (lambda: onnxtrain.load(MODEL, seed="a"), OptionError, "seed must be an integer of at most 64 bits, got str"),
+    (lambda: onnxtrain.load(MODEL).init(seed=2**64), OptionError, "seed must be an integer of at most 64 bits"),
+    (lambda: onnxtrain.load(MODEL, matmul_precision="fast"), OptionError,
+     "matmul_precision='fast' is not a precision JAX knows"),
+    (lambda: onnxtrain.load(MODEL).train_step(dict(ARRAYS), algorithm="0"), StateError,
+     "algorithm is the index of a TrainingInfoProto, an int: got str '0'"),
+    (lambda: onnxtrain.load(MODEL).train_step(dict(ARRAYS), algorithm=True), StateError, "an int: got bool True"),
+    (lambda: onnxtrain.load(MODEL).train_step(list(ARRAYS.values())), FeedError,
+     r"feeds are a mapping \{input name: value\}, not list"),
+    (lambda: onnxtrain.load(MODEL).infer(None), FeedError, "feeds are a mapping"),
+])
+def test_wrong_kinds_of_argument_are_onnxtrain_errors_naming_them(call, error, message):
+    """Each had escaped as a TypeError, AttributeError, OverflowError or ValueError from deep inside."""
+    with pytest.raises(error, match=message):
+        call()
 
 
 def run_cli(capsys, *args) -> tuple[int, str]:
