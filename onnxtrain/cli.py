@@ -16,7 +16,7 @@ from .authoring import make_trainable
 from .dtypes import type_name
 from .engine import load
 from .errors import DivergenceError, OnnxTrainError, StepError
-from .export import save_atomic
+from .export import check_export_target, save_atomic
 from .host_memory import HUGE_PAGES, retain_freed_memory, with_huge_pages
 from .lower.autocast import COMPUTE_DTYPES
 from .loop import array_batches, fit
@@ -102,6 +102,8 @@ def cmd_infer(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    if args.output:
+        check_export_target(Path(args.output))
     if args.shard_state and (args.devices or 1) < 2:
         raise OnnxTrainError("--shard-state splits the state over several devices: give --devices N with N > 1")
     if args.retain_freed_memory and not retain_freed_memory():

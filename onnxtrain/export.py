@@ -204,6 +204,17 @@ def array_bytes(array: np.ndarray) -> memoryview:
     return memoryview(array.reshape(-1).view(np.uint8))
 
 
+def check_export_target(path: Path) -> None:
+    """ExportError unless a model file can be written at `path`: its folder exists and it is not a folder itself.
+    Checked before the weights are written (not at the rename after them), and by the training loop and the CLI
+    before training, so a run does not end, hours in, on a path that never could be written."""
+    folder = path.absolute().parent
+    if not folder.is_dir():
+        raise ExportError(f"cannot export to {str(path)!r}: folder {str(folder)!r} does not exist")
+    if path.is_dir():
+        raise ExportError(f"cannot export to {str(path)!r}: it is a folder; name the model file in it")
+
+
 def save_atomic(model: onnx.ModelProto, path: Path, external_data: bool | None = None,
                 pending: Sequence[Pending] = ()) -> None:
     """Write `model` to `path`; with external data (external_data=True, or None and the model past protobuf's
@@ -219,11 +230,8 @@ def save_atomic(model: onnx.ModelProto, path: Path, external_data: bool | None =
     path = Path(path)
     if external_data is None:
         external_data = exceeds_protobuf_limit(model, sum(PENDING_OVERHEAD + a.nbytes for _, a in pending))
+    check_export_target(path)
     folder = path.absolute().parent  # not resolve(): a symlink at `path` is replaced, not its target
-    if not folder.is_dir():
-        raise ExportError(f"cannot export to {str(path)!r}: folder {str(folder)!r} does not exist")
-    if path.is_dir():  # refused before the weights are written, not at the rename after them
-        raise ExportError(f"cannot export to {str(path)!r}: it is a folder; name the model file in it")
     weights = weight_tensors(model) if external_data else []
     arrays = {id(tensor): array for tensor, array in pending}  # `pending` holds the tensors: their ids name them
     data_name = f"{path.name}.{new_token()}.data" if weights else None

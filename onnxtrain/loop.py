@@ -13,6 +13,7 @@ from .authoring import LEARNING_RATE
 from .dtypes import TRAINING_FLOAT_TYPES
 from .engine import Engine
 from .errors import DivergenceError, FeedError, OnnxTrainError
+from .export import check_export_target
 
 
 def array_batches(
@@ -122,6 +123,10 @@ def fit(
 
     check_options(engine, algorithm, loss,
                   {"log_every": log_every, "eval_every": eval_every, "checkpoint_every": checkpoint_every})
+    if not isinstance(steps, (int, np.integer)) or isinstance(steps, bool) or steps < 0:
+        raise OnnxTrainError(f"steps must be a number of steps >= 0, got {steps!r}")
+    if checkpoint is not None:
+        check_export_target(Path(checkpoint))
     loss = loss or loss_output(engine, algorithm)
     schedule = learning_rate if callable(learning_rate) or learning_rate is None else (lambda _: learning_rate)
     history = History()

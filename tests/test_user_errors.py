@@ -81,6 +81,25 @@ def test_wrong_kinds_of_argument_are_onnxtrain_errors_naming_them(call, error, m
         call()
 
 
+def test_an_output_that_cannot_be_written_is_refused_before_training(tmp_path, capsys, monkeypatch):
+    """The trained model's path (CLI `-o`, fit's `checkpoint`) is checked before the first step: a folder that
+    does not exist, or a folder named as the file, had failed at the export after the whole run."""
+    import onnxtrain.loop
+
+    steps = []
+    step = onnxtrain.Engine.train_step
+    monkeypatch.setattr(onnxtrain.Engine, "train_step", lambda self, *a, **k: steps.append(1) or step(self, *a, **k))
+    for target in (tmp_path / "nowhere" / "out.onnx", tmp_path):
+        status, err = run_cli(capsys, "train", MODEL, "--data", DATA, "--steps", 2, "-o", target)
+        assert status == 2 and "cannot export to" in err and len(err.strip().splitlines()) == 1, err
+        with pytest.raises(onnxtrain.errors.ExportError, match="cannot export to"):
+            onnxtrain.fit(onnxtrain.load(MODEL), onnxtrain.array_batches(ARRAYS, 8), steps=3, progress=False,
+                          checkpoint=target)
+    assert steps == [] and sorted(p.name for p in tmp_path.iterdir()) == []
+    with pytest.raises(OnnxTrainError, match="steps must be a number of steps >= 0, got 2.5"):
+        onnxtrain.loop.fit(onnxtrain.load(MODEL), onnxtrain.array_batches(ARRAYS, 8), steps=2.5, progress=False)
+
+
 def run_cli(capsys, *args) -> tuple[int, str]:
     status = main([str(a) for a in args])
     return status, capsys.readouterr().err
@@ -109,6 +128,7 @@ def test_cli_user_errors_are_one_line(tmp_path, capsys):
         (("make-trainable", plain_model(tmp_path), "--trainable", "W(", "-o", tmp_path / "t.onnx"),
          "trainable 'W(' is not a regular expression"),
         ((*train, "--batch-size", 0), "batch_size must be a positive number of rows"),
+        ((*train[:-1], -1), "steps must be a number of steps >= 0, got -1"),
     ]
     for args, fragment in cases:
         status, err = run_cli(capsys, *args)
