@@ -27,8 +27,18 @@ UNREADABLE = (OSError, ValueError, EOFError, zipfile.BadZipFile)
 
 
 def read_npz(option: str, path: str) -> dict[str, np.ndarray]:
+    """The named arrays of a .npz file; anything else (a .npy, a model, a damaged archive) is a one-line error."""
     try:
-        with np.load(path, allow_pickle=False) as data:
+        data = np.load(path, allow_pickle=False)
+    except UNREADABLE as exc:
+        # what np.load says of a file that is neither .npy nor .npz is about pickles, which it does not load
+        reason = "not a .npz archive of named arrays" if "pickle" in str(exc) else str(exc)
+        raise OnnxTrainError(f"{option}: cannot read {path!r} ({reason})") from exc
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise OnnxTrainError(f"{option}: {path!r} is a single array (.npy); give a .npz whose arrays are named after "
+                             f"the graph inputs (np.savez(path, X=..., target=...))")
+    try:
+        with data:
             return {name: data[name] for name in data.files}
     except UNREADABLE as exc:
         raise OnnxTrainError(f"{option}: cannot read {path!r} ({exc})") from exc

@@ -129,6 +129,8 @@ def test_cli_user_errors_are_one_line(tmp_path, capsys):
          "trainable 'W(' is not a regular expression"),
         ((*train, "--batch-size", 0), "batch_size must be a positive number of rows"),
         ((*train[:-1], -1), "steps must be a number of steps >= 0, got -1"),
+        (("train", MODEL, "--data", tmp_path / "x.npy"), "is a single array (.npy); give a .npz"),
+        (("train", MODEL, "--data", MODEL), "not a .npz archive of named arrays"),
     ]
     for args, fragment in cases:
         status, err = run_cli(capsys, *args)
