@@ -114,7 +114,7 @@ def add_loss(b: Builder, graph: onnx.GraphProto, loss: str, prediction: str, ign
              class_axis: int | None) -> list[onnx.ValueInfoProto]:
     """Append loss nodes producing `loss`; returns the algorithm inputs (the target, if any). The options are
     checked against the declared output first, so a mismatch fails here rather than at the first step."""
-    if loss not in LOSSES and not loss.startswith("output:"):
+    if not isinstance(loss, str) or loss not in LOSSES and not loss.startswith("output:"):
         raise AuthoringError(f"loss must be one of {LOSSES} or 'output:NAME', got {loss!r}")
     if loss != "cross_entropy" and (ignore_index is not None or class_axis is not None):
         raise AuthoringError(f"ignore_index and class_axis apply to loss='cross_entropy', not {loss!r}")
@@ -222,6 +222,9 @@ def make_trainable(
     update = check_update(optimizer, dict(optimizer_options), weight_decay, no_decay, clip_grad_norm, accumulate)
     if not (is_number(learning_rate) and learning_rate >= 0):  # as every optimizer option: NumPy scalars too
         raise AuthoringError(f"learning_rate must be a finite number >= 0, got {learning_rate!r}")
+    if not isinstance(model, onnx.ModelProto):
+        raise AuthoringError(f"make_trainable takes an onnx.ModelProto (onnx.load(path) reads one), not "
+                             f"{type(model).__name__}")
     result = onnx.ModelProto()
     result.CopyFrom(model)
     graph = result.graph

@@ -209,6 +209,7 @@ def linear_model(output_type: int = onnx.TensorProto.FLOAT, classes: int = 3) ->
     ({"learning_rate": float("inf")}, "got inf"),
     ({"learning_rate": -0.1}, "got -0.1"),
     ({"loss": "hinge"}, "loss must be one of"),
+    ({"loss": None}, "loss must be one of .* got None"),
     ({"loss": "output:L"}, "loss output 'L' is not a declared output of the model"),
     ({"loss": "mse", "ignore_index": -100}, "apply to loss='cross_entropy', not 'mse'"),
     ({"loss": "cross_entropy", "class_axis": 0}, "class_axis=0 is not a class axis"),
@@ -221,6 +222,12 @@ def linear_model(output_type: int = onnx.TensorProto.FLOAT, classes: int = 3) ->
 def test_make_trainable_refuses_options_that_do_not_fit(options, message):
     with pytest.raises(onnxtrain.errors.AuthoringError, match=message):
         onnxtrain.make_trainable(linear_model(), **options)
+
+
+@pytest.mark.parametrize("model", [None, "model.onnx", b"bytes"])
+def test_make_trainable_names_what_it_takes(model):
+    with pytest.raises(onnxtrain.errors.AuthoringError, match="make_trainable takes an onnx.ModelProto"):
+        onnxtrain.make_trainable(model)
 
 
 def test_a_numpy_scalar_learning_rate_is_a_number():
