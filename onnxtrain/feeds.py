@@ -100,7 +100,8 @@ def check_feeds(
 def checked(name: str, value: Any, info: ValueInfo, symbols: dict[str, tuple[int, str]]) -> Any:
     """`value` converted and checked against the type of `info`: a tensor by `check_one`; a sequence as a list,
     each element against the element type (its named dimensions its own: elements may differ in shape); an
-    optional as None (empty) or as its element type. Other types (maps) pass as before, unchecked."""
+    optional as None (empty) or as its element type. Other types are converted and not checked: a map's dict
+    becomes a 0-d object array, which the map ops (DictVectorizer, CastMap) read on the host."""
     kind = info.type_proto.WhichOneof("value")
     if kind == "optional_type":
         return None if value is None else checked(name, value, contained(info, "optional_type"), symbols)
