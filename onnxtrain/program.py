@@ -104,6 +104,13 @@ LOOP_EMITTERS = {"xla_cpu_use_fusion_emitters": False}
 # 0.91-1.00x; same numbers within float32 rounding (benchmarks/README.md). Set only where this XLA knows it.
 YNNPACK_WITHOUT_CONVOLUTION = {
     "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"}
+# The plan in heaps (SPLIT_HEAPS, below) is compiled with YNNPACK's convolutions again: planned so, ResNet-18's
+# train step ran 0.888x and 0.903x its time with Eigen's convolutions (AMD EPYC host, two engines alternating in
+# one process), where with the one-block plan the two measured 0.98x (and Eigen's the faster on the Intel host,
+# whose comparison predates the plan in heaps); MobileNetV3-small 0.96x, within noise (benchmarks/README.md).
+YNNPACK_WITH_CONVOLUTION = {
+    "xla_cpu_experimental_ynn_fusion_type":
+        "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"}
 
 
 @functools.cache
@@ -193,13 +200,26 @@ def convolution_options() -> dict[str, Any]:
     return {**LOOP_EMITTERS, **known_options({**CPU_OPTIONS, **YNNPACK_WITHOUT_CONVOLUTION})}
 
 
+def has_convolutions(nodes: Sequence[Node]) -> bool:
+    return any(node.op_type in CONVOLUTIONS and not node.domain for node in nodes)
+
+
 def compiler_options(nodes: Sequence[Node], platform: str) -> dict[str, Any]:
     """XLA options for the program of `nodes` on `platform` (jax.jit's compiler_options)."""
     if platform != "cpu":
         return {}
-    if any(node.op_type in CONVOLUTIONS and not node.domain for node in nodes):
+    if has_convolutions(nodes):
         return convolution_options()
     return known_options(CPU_OPTIONS)
+
+
+def split_options(nodes: Sequence[Node]) -> dict[str, Any]:
+    """What the plan in heaps compiles with on top of the program's own options (empty: this XLA cannot plan
+    so); later options override earlier ones in a compile."""
+    options = known_options(SPLIT_HEAPS)
+    if options and has_convolutions(nodes):
+        options |= known_options(YNNPACK_WITH_CONVOLUTION)
+    return options
 
 
 def temporaries(executable: jax.stages.Compiled) -> int:
@@ -321,7 +341,7 @@ class Program:
         """Put first in `known` the program for `args` compiled with its temporaries in heaps, where its plan in
         one block (the stored executables', else jax.jit's own, which lowering again reads from jax's in-memory
         cache) is larger than malloc reuses."""
-        options = known_options(SPLIT_HEAPS)
+        options = split_options(self.nodes)
         if not options:
             return
         lowered = None if known else fn.lower(*args)  # a stored plan says its size without a trace

@@ -262,3 +262,61 @@ def test_xlas_warnings_about_the_plan_in_heaps_stay_off_the_users_output(monkeyp
 
     jax.jit(two_layers).lower(x, weights[0]).compile(compiler_options=small_heaps)
     assert "per-heap size limit" in capfd.readouterr().err
+
+
+def two_convolutions() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Y = Conv(Relu(Conv(X, W1) + B1), W2), 3x3 over 64 channels at 16x16 (stride 1 over few channels, so each
+    stays XLA's own convolution, onnxtrain/lower/ops/conv.py; YNNPACK leaves those over 16 channels to Eigen),
+    trained with SGD on the mean squared error; and its weights."""
+    rng = np.random.default_rng(3)
+    weights = {"W1": rng.standard_normal((64, 64, 3, 3)).astype(np.float32) * 0.05,
+               "B1": rng.standard_normal(64).astype(np.float32) * 0.1,
+               "W2": rng.standard_normal((64, 64, 3, 3)).astype(np.float32) * 0.05}
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["X", "W1", "B1"], ["a"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["a"], ["r"]),
+         helper.make_node("Conv", ["r", "W2"], ["Y"], pads=[1, 1, 1, 1])], "convs",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 64, 16, 16])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 64, 16, 16])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=LR), weights
+
+
+def test_a_convolution_program_planned_in_heaps_runs_ynnpacks_convolutions_with_pytorchs_numbers(monkeypatch):
+    """The plan in heaps of a program with convolutions is compiled with YNNPACK's convolution fusion (program.py,
+    YNNPACK_WITH_CONVOLUTION), where the one-block plan runs Eigen's convolution: the option reaches the compile
+    (no convolution is left outside a library fusion), and the trained weights are PyTorch's SGD's."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(program, "SPLIT_AFTER_CALLS", 2)
+    monkeypatch.setattr(program, "SPLIT_ABOVE_BYTES", 0)  # this small program is split too
+    model, weights = two_convolutions()
+    engine = onnxtrain.load(model)
+    rng = np.random.default_rng(4)
+    x, t = (rng.standard_normal((2, 64, 16, 16)).astype(np.float32) for _ in range(2))
+    one_block = engine.lower({"X": x, "target": t}, algorithm=0).compile().as_text()
+    steps = 4
+    for _ in range(steps):
+        engine.train_step({"X": x, "target": t})
+    known = engine._train[0].executables[()]
+    if not known:
+        pytest.skip("no store of compiled programs in this process (ONNXTRAIN_CACHE_DIR is empty)")
+
+    def top_level_convolutions(text: str) -> int:
+        entry = text[text.index("\nENTRY"):]
+        return entry.count(" convolution(")
+
+    assert top_level_convolutions(one_block) > 0 and top_level_convolutions(known[0].as_text()) == 0
+    params = {k: torch.tensor(v, requires_grad=True) for k, v in weights.items()}
+    tx, tt = torch.from_numpy(x), torch.from_numpy(t)
+    for _ in range(steps):
+        a = torch.nn.functional.conv2d(tx, params["W1"], params["B1"], padding=1)
+        y = torch.nn.functional.conv2d(torch.relu(a), params["W2"], padding=1)
+        loss = torch.mean((y - tt) ** 2)
+        for p in params.values():
+            p.grad = None
+        loss.backward()
+        with torch.no_grad():
+            for p in params.values():
+                p -= LR * p.grad
+    for name, p in params.items():
+        np.testing.assert_allclose(np.asarray(engine.state[name]), p.detach().numpy(), rtol=1e-4, atol=1e-6)
