@@ -104,10 +104,11 @@ LOOP_EMITTERS = {"xla_cpu_use_fusion_emitters": False}
 # 0.91-1.00x; same numbers within float32 rounding (benchmarks/README.md). Set only where this XLA knows it.
 YNNPACK_WITHOUT_CONVOLUTION = {
     "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"}
-# The plan in heaps (SPLIT_HEAPS, below) is compiled with YNNPACK's convolutions again: planned so, ResNet-18's
-# train step ran 0.888x and 0.903x its time with Eigen's convolutions (AMD EPYC host, two engines alternating in
-# one process), where with the one-block plan the two measured 0.98x (and Eigen's the faster on the Intel host,
-# whose comparison predates the plan in heaps); MobileNetV3-small 0.96x, within noise (benchmarks/README.md).
+# The plan in heaps (SPLIT_HEAPS, below) is compiled with YNNPACK's convolutions again: with them ResNet-18's
+# long-run train step ran 0.913x and 0.888x its time with Eigen's (AMD EPYC host, two engines alternating in one
+# process), where with the one-block plan the two libraries measured 0.98x (and Eigen's the faster on the Intel
+# host, whose comparison predates the plan in heaps); MobileNetV3-small 1.06x and 1.00x, noise: few of its
+# convolutions are XLA's own (benchmarks/README.md). YNNPACK takes 64-channel convolutions, not 16-channel ones.
 YNNPACK_WITH_CONVOLUTION = {
     "xla_cpu_experimental_ynn_fusion_type":
         "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"}
