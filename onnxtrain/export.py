@@ -16,6 +16,7 @@ from . import big_models
 from .atomic import TOKEN_HEX, new_token, remove_matching, replace_atomically, unlink_quietly, write_durably
 from .big_models import (PROTOBUF_LIMIT, exceeds_protobuf_limit, initializer_graphs, is_external, lean_copy,
                          weight_tensors)
+from .dtypes import type_name
 from .errors import ExportError, ModelLoadError
 from .external_data import ExternalValues
 from .placement import host_array
@@ -184,9 +185,17 @@ def with_initializers(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx
     unknown = set(values) - {t.name for t in result.graph.initializer}
     if unknown:
         raise ExportError(f"{sorted(unknown)} are not initializers of the model's main graph")
+    arrays = {name: np.asarray(value) for name, value in values.items()}
+    mismatched = [  # a value of another shape or type would make a model the graph's nodes cannot read
+        f"{t.name!r} is {type_name(helper.np_dtype_to_tensor_dtype(a.dtype))}{list(a.shape)}, the model's "
+        f"{type_name(t.data_type)}{list(t.dims)}"
+        for t in result.graph.initializer if (a := arrays.get(t.name)) is not None
+        and (a.shape, helper.np_dtype_to_tensor_dtype(a.dtype)) != (tuple(t.dims), t.data_type)]
+    if mismatched:
+        raise ExportError(f"values that do not fit their initializers: {'; '.join(mismatched)}")
     for tensor in result.graph.initializer:
-        if tensor.name in values:
-            tensor.CopyFrom(numpy_helper.from_array(np.asarray(values[tensor.name]), tensor.name))
+        if tensor.name in arrays:
+            tensor.CopyFrom(numpy_helper.from_array(arrays[tensor.name], tensor.name))
     return result
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -23,6 +24,15 @@ def array_batches(
     is the whole data, a larger one too."""
     if batch_size is not None and batch_size < 1:
         raise OnnxTrainError(f"batch_size must be a positive number of rows (or None: all of them), got {batch_size}")
+    if not isinstance(arrays, Mapping) or not arrays:
+        raise FeedError(f"array_batches takes a mapping {{input name: array}} with at least one array, not "
+                        f"{type(arrays).__name__} {arrays!r:.80}")
+    # a list stays a list (its rows go to the feed as Python values, which take the input's declared type), any
+    # other value is an array
+    arrays = {name: a if isinstance(a, list) else np.asarray(a) for name, a in arrays.items()}
+    scalars = sorted(name for name, a in arrays.items() if np.ndim(a) == 0)
+    if scalars:
+        raise FeedError(f"the data arrays {scalars} are scalars: each needs a first dimension of rows")
     sizes = {name: len(a) for name, a in arrays.items()}
     if len(set(sizes.values())) != 1:
         raise FeedError(f"data arrays differ in their first dimension: {sizes}")
@@ -35,7 +45,7 @@ def array_batches(
         order = rng.permutation(n) if shuffle else np.arange(n)
         for start in range(0, n - batch_size + 1, batch_size):  # full batches only: one compiled shape
             index = order[start : start + batch_size]
-            yield {name: a[index] for name, a in arrays.items()}
+            yield {name: [a[i] for i in index] if isinstance(a, list) else a[index] for name, a in arrays.items()}
 
 
 def loss_output(engine: Engine, algorithm: int = 0) -> str | None:
@@ -61,6 +71,19 @@ def check_options(engine: Engine, algorithm: int, loss: str | None, intervals: M
     for name, value in intervals.items():
         if value < 1:
             raise OnnxTrainError(f"{name} must be a positive number of steps, got {value}")
+
+
+def learning_rate_at(schedule: Callable[[int], Any], step: int) -> float:
+    """The schedule's rate for `step`: a finite number >= 0, as make_trainable's (a negative rate climbs the loss,
+    a NaN one poisons every weight: neither can be a schedule's meaning)."""
+    rate = schedule(step)
+    try:  # a number, or a 0-d array (optax's schedules return jax arrays)
+        value = float(rate) if not isinstance(rate, (str, bytes, bool)) and np.ndim(rate) == 0 else math.nan
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise OnnxTrainError(f"learning_rate at step {step} is {rate!r}: it must be a finite number >= 0")
+    return value
 
 
 def nonfinite_state(engine: Engine) -> list[str]:
@@ -130,7 +153,10 @@ def fit(
     loss = loss or loss_output(engine, algorithm)
     schedule = learning_rate if callable(learning_rate) or learning_rate is None else (lambda _: learning_rate)
     history = History()
-    iterator = iter(batches)
+    try:
+        iterator = iter(batches)
+    except TypeError as exc:
+        raise FeedError(f"batches are an iterable of feed mappings, not {type(batches).__name__}") from exc
     first = next(iterator, None)
     if first is None:
         return history
@@ -142,7 +168,7 @@ def fit(
             if batch is None:
                 break
             if schedule is not None:
-                batch = {**batch, LEARNING_RATE: np.float32(schedule(engine.step_count))}
+                batch = {**batch, LEARNING_RATE: np.float32(learning_rate_at(schedule, engine.step_count))}
             outputs = engine.train_step(batch, algorithm=algorithm)
             last = step == steps - 1
             if loss is not None and (step % log_every == 0 or last):

@@ -100,6 +100,67 @@ def test_an_output_that_cannot_be_written_is_refused_before_training(tmp_path, c
         onnxtrain.loop.fit(onnxtrain.load(MODEL), onnxtrain.array_batches(ARRAYS, 8), steps=2.5, progress=False)
 
 
+@pytest.mark.parametrize("rate", [lambda step: "a", lambda step: None, lambda step: -1.0, float("nan"), -0.5])
+def test_a_learning_rate_that_is_no_rate_stops_fit_before_its_step(rate):
+    """A schedule's value is checked as make_trainable checks a rate (a finite number >= 0): None had become NaN
+    and a string a ValueError, a negative rate had climbed the loss until fit called it divergence."""
+    engine = onnxtrain.load(MODEL)
+    with pytest.raises(OnnxTrainError, match="learning_rate at step 0 is .*: it must be a finite number >= 0"):
+        onnxtrain.fit(engine, onnxtrain.array_batches(ARRAYS, 8), steps=3, progress=False, learning_rate=rate)
+    assert engine.step_count == 0
+
+
+def test_a_jax_scalar_from_a_schedule_is_a_rate():
+    """optax's schedules return 0-d jax arrays: the step runs at that rate."""
+    import jax.numpy as jnp
+
+    engine, reference = onnxtrain.load(MODEL), onnxtrain.load(MODEL)
+    batch = next(onnxtrain.array_batches(ARRAYS, 8, shuffle=False))
+    onnxtrain.fit(engine, [batch], steps=1, progress=False, learning_rate=lambda step: jnp.float32(0.05))
+    reference.train_step({**batch, "learning_rate": np.float32(0.05)})
+    for name, value in reference.state.items():
+        np.testing.assert_array_equal(np.asarray(engine.state[name]), np.asarray(value))
+
+
+@pytest.mark.parametrize("arrays, message", [
+    ([ARRAYS["X"]], "array_batches takes a mapping {input name: array} with at least one array, not list"),
+    ({}, "with at least one array, not dict"),
+    ({"X": np.float32(1.0)}, r"the data arrays \['X'\] are scalars"),
+])
+def test_array_batches_refuses_data_that_has_no_rows_to_take(arrays, message):
+    with pytest.raises(FeedError, match=message.replace("{", "\\{").replace("}", "\\}")):
+        next(onnxtrain.array_batches(arrays, 2))
+
+
+def test_array_batches_of_nested_lists_train_as_the_same_float32_arrays():
+    """Rows of a list stay Python values, which take the input's declared type (float32), not NumPy's float64."""
+    lists = {name: a.tolist() for name, a in ARRAYS.items()}
+    batch = next(onnxtrain.array_batches(lists, 4, shuffle=False))
+    assert batch["X"] == lists["X"][:4]
+    engine, reference = onnxtrain.load(MODEL), onnxtrain.load(MODEL)
+    engine.train_step(batch)
+    reference.train_step(next(onnxtrain.array_batches(ARRAYS, 4, shuffle=False)))
+    for name, value in reference.state.items():
+        np.testing.assert_array_equal(np.asarray(engine.state[name]), np.asarray(value))
+
+
+def test_fit_names_batches_that_are_not_iterable():
+    with pytest.raises(FeedError, match="batches are an iterable of feed mappings, not NoneType"):
+        onnxtrain.fit(onnxtrain.load(MODEL), None, steps=1, progress=False)
+
+
+def test_export_params_refuses_values_that_do_not_fit_their_initializers(tmp_path):
+    """A value of another shape or type had been written as the initializer, a model its nodes cannot read."""
+    model = onnx.load(MODEL)
+    first = model.graph.initializer[0]
+    wrong = {first.name: np.ones(7, np.float32)}
+    with pytest.raises(onnxtrain.errors.ExportError, match=rf"'{first.name}' is float\[7\], the model's float\["):
+        onnxtrain.export_params(model, wrong, tmp_path / "o.onnx")
+    with pytest.raises(onnxtrain.errors.ExportError, match=rf"'{first.name}' is double"):
+        onnxtrain.export_params(model, {first.name: np.ones(list(first.dims), np.float64)}, tmp_path / "o.onnx")
+    assert not list(tmp_path.iterdir())
+
+
 def run_cli(capsys, *args) -> tuple[int, str]:
     status = main([str(a) for a in args])
     return status, capsys.readouterr().err
