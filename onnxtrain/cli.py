@@ -77,10 +77,15 @@ def parse_inputs(items: list[str]) -> dict[str, np.ndarray]:
         name, sep, path = item.partition("=")
         if not sep:
             raise OnnxTrainError(f"--input {item!r}: expected NAME=FILE.npy")
+        if name in feeds:
+            raise OnnxTrainError(f"--input {name} is given twice")
         try:
             feeds[name] = np.load(path, allow_pickle=False)
         except UNREADABLE as exc:
             raise OnnxTrainError(f"--input {name}: cannot read {path!r} ({exc})") from exc
+        if isinstance(feeds[name], np.lib.npyio.NpzFile):
+            feeds[name].close()
+            raise OnnxTrainError(f"--input {name}: {path!r} is a .npz archive; give a .npy file of one array")
     return feeds
 
 

@@ -192,6 +192,9 @@ def test_cli_user_errors_are_one_line(tmp_path, capsys):
         ((*train[:-1], -1), "steps must be a number of steps >= 0, got -1"),
         (("train", MODEL, "--data", tmp_path / "x.npy"), "is a single array (.npy); give a .npz"),
         (("train", MODEL, "--data", MODEL), "not a .npz archive of named arrays"),
+        (("infer", MODEL, "--input", f"X={DATA}"), "is a .npz archive; give a .npy file of one array"),
+        (("infer", MODEL, "--input", f"X={tmp_path / 'x.npy'}", "--input", f"X={tmp_path / 'x.npy'}"),
+         "--input X is given twice"),
     ]
     for args, fragment in cases:
         status, err = run_cli(capsys, *args)
