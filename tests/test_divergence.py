@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Iterator
 
 import numpy as np
 import onnx
@@ -22,17 +23,19 @@ def data() -> dict[str, np.ndarray]:
     return {"X": x, "target": (x @ np.array([[1.0], [-3.0]])).astype(np.float32)}
 
 
-def nan_from(step: int):
-    """A rate schedule that is 0.1 until engine step `step` and NaN from there: that step's update makes W NaN
-    (its own loss, computed before the update, is still finite), and every later loss is NaN."""
-    return lambda s: np.nan if s >= step else 0.1
+def nan_from(engine: onnxtrain.Engine, batches: Iterator[dict], step: int) -> Iterator[dict]:
+    """`batches` with the rate fed in each: 0.1 until engine step `step` and NaN from there, so that step's update
+    makes W NaN (its own loss, computed before the update, is still finite) and every later loss is NaN. Fed in
+    the batches, not as fit's learning_rate, which refuses a NaN rate before its step."""
+    for batch in batches:
+        yield {**batch, "learning_rate": np.float32(np.nan if engine.step_count >= step else 0.1)}
 
 
 def test_a_nan_loss_stops_fit_at_its_step():
     engine = onnxtrain.load(matmul_sgd(0.1))
     with pytest.raises(DivergenceError, match=r"loss 'loss' is nan after train step 8 \(step 7 of this fit\)"):
-        onnxtrain.fit(engine, onnxtrain.array_batches(data()), steps=20, log_every=1, progress=False,
-                      learning_rate=nan_from(6))
+        onnxtrain.fit(engine, nan_from(engine, onnxtrain.array_batches(data()), 6), steps=20, log_every=1,
+                      progress=False)
 
 
 def test_a_diverged_run_never_overwrites_the_checkpoint(tmp_path):
@@ -46,7 +49,7 @@ def test_a_diverged_run_never_overwrites_the_checkpoint(tmp_path):
     # the NaN update is engine step 6, the 2nd of this fit, where the checkpoint falls: its loss is finite,
     # the state is not
     with pytest.raises(DivergenceError, match=r"state variable\(s\) \['W'\] hold NaN or infinity after train step 6"):
-        onnxtrain.fit(engine, batches, steps=10, progress=False, learning_rate=nan_from(5), log_every=100,
+        onnxtrain.fit(engine, nan_from(engine, batches, 5), steps=10, progress=False, log_every=100,
                       checkpoint=path, checkpoint_every=2)
     assert path.read_bytes() == good
     # going on from the NaN state: the first (logged) step's loss says it
