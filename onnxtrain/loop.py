@@ -135,7 +135,8 @@ def fit(
     """Run `steps` train steps over `batches`. The loss is read back (a host sync) every `log_every` steps.
 
     `learning_rate`: a value or a schedule `step -> rate`, fed as the algorithm input `learning_rate` (what
-    make_trainable declares; a 0-d float32 feed, so a new rate never recompiles). `evaluate(engine)` runs every
+    make_trainable declares; a 0-d float32 feed, so a new rate never recompiles); each rate must be a finite
+    number >= 0 (a 0-d array too, as optax's schedules return), checked before its step. `evaluate(engine)` runs every
     `eval_every` steps (use `engine.infer` inside it); `checkpoint` is exported every `checkpoint_every` steps
     and at the end.
 
