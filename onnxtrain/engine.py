@@ -30,8 +30,8 @@ from .cache import enable_compilation_cache
 from .dtypes import HOST_ONLY_DTYPES, is_float
 from .errors import OptionError, StateError, StepError
 from .executables import COMPILE_TIME_THRESHOLD, ExecutableStore, model_digest
-from .export import (replaced_by_export, save_atomic, saved_step_count, stored_state, with_initializers, with_state,
-                     without_state_bytes, without_zero_state)
+from .export import (check_export_target, replaced_by_export, save_atomic, saved_step_count, stored_state,
+                     with_initializers, with_state, without_state_bytes, without_zero_state)
 from .external_data import ExternalValues
 from .feeds import FeedChecker, array_signature
 from .lower.autocast import mixed_precision_of
@@ -457,6 +457,7 @@ class Engine:
         """Write a copy of the model whose initializers hold the current state, atomically. External data
         (external_data=True, or automatically past protobuf's 2 GiB) goes to `<name>.<16 hex>.data` beside it,
         a new name at each export: the model file and its data are always both the old or both the new."""
+        check_export_target(path)
         with self.lock:
             if self._state_file is not None and self._state_file.is_file(Path(path)):
                 # the file about to be replaced holds the initial state reset reads: it stays in memory from now
@@ -517,4 +518,5 @@ def jax_function(source: ModelSource, seed: int = 0):
 def export_params(source: ModelSource, params: Mapping[str, Any], path: str | Path) -> None:
     """Write `source` with its main-graph initializers replaced by `params`, atomically."""
     model, _ = read_model(source)
+    check_export_target(path)
     save_atomic(with_initializers(model, params), Path(path))

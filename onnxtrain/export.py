@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import zlib
 from collections import Counter
@@ -213,10 +214,13 @@ def array_bytes(array: np.ndarray) -> memoryview:
     return memoryview(array.reshape(-1).view(np.uint8))
 
 
-def check_export_target(path: Path) -> None:
+def check_export_target(path: str | os.PathLike) -> None:
     """ExportError unless a model file can be written at `path`: its folder exists and it is not a folder itself.
     Checked before the weights are written (not at the rename after them), and by the training loop and the CLI
     before training, so a run does not end, hours in, on a path that never could be written."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ExportError(f"a model is exported to a file path, not {type(path).__name__}")
+    path = Path(path)
     folder = path.absolute().parent
     if not folder.is_dir():
         raise ExportError(f"cannot export to {str(path)!r}: folder {str(folder)!r} does not exist")
@@ -236,10 +240,10 @@ def save_atomic(model: onnx.ModelProto, path: Path, external_data: bool | None =
     one atomically (the commit point), then the previous data file is removed. Files a killed export left
     (staging model files, data files no model refers to) match `path`'s patterns and are removed by the next
     export to `path`. One writer per path at a time."""
+    check_export_target(path)
     path = Path(path)
     if external_data is None:
         external_data = exceeds_protobuf_limit(model, sum(PENDING_OVERHEAD + a.nbytes for _, a in pending))
-    check_export_target(path)
     folder = path.absolute().parent  # not resolve(): a symlink at `path` is replaced, not its target
     weights = weight_tensors(model) if external_data else []
     arrays = {id(tensor): array for tensor, array in pending}  # `pending` holds the tensors: their ids name them

@@ -150,7 +150,7 @@ def fit(
     if not isinstance(steps, (int, np.integer)) or isinstance(steps, bool) or steps < 0:
         raise OnnxTrainError(f"steps must be a number of steps >= 0, got {steps!r}")
     if checkpoint is not None:
-        check_export_target(Path(checkpoint))
+        check_export_target(checkpoint)
     loss = loss or loss_output(engine, algorithm)
     schedule = learning_rate if callable(learning_rate) or learning_rate is None else (lambda _: learning_rate)
     history = History()

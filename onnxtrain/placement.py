@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .errors import FeedError
+from .errors import FeedError, OptionError
 from .ir import ValueInfo
 
 BATCH_AXIS = "batch"
@@ -24,6 +24,9 @@ BATCH_AXIS = "batch"
 
 class Placement:
     def __init__(self, devices: Sequence[jax.Device] | None = None, shard_state: bool = False):
+        if devices is not None and (isinstance(devices, (str, jax.Device))
+                                    or not all(isinstance(d, jax.Device) for d in devices)):
+            raise OptionError(f"devices is a list of JAX devices (e.g. jax.devices()[:2]), not {devices!r:.80}")
         self.devices = list(devices) if devices else None
         if self.devices and len(self.devices) > 1:
             self.mesh = Mesh(np.array(self.devices), (BATCH_AXIS,))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
 import numpy as np
 import onnx
 import pytest
@@ -74,6 +75,12 @@ def test_a_zero_row_batch_is_refused_before_it_counts_as_a_step():
     (lambda: onnxtrain.load(MODEL).train_step(list(ARRAYS.values())), FeedError,
      r"feeds are a mapping \{input name: value\}, not list"),
     (lambda: onnxtrain.load(MODEL).infer(None), FeedError, "feeds are a mapping"),
+    (lambda: onnxtrain.load(MODEL, devices=["cpu"]), OptionError, r"devices is a list of JAX devices .* not \['cpu'\]"),
+    (lambda: onnxtrain.load(MODEL, devices=jax.devices()[0]), OptionError, "devices is a list of JAX devices"),
+    (lambda: onnxtrain.load(MODEL).export(None), onnxtrain.errors.ExportError,
+     "a model is exported to a file path, not NoneType"),
+    (lambda: onnxtrain.export_params(MODEL, {}, 3), onnxtrain.errors.ExportError, "exported to a file path, not int"),
+    (lambda: onnxtrain.load(MODEL).save_state(None), StateError, "a state checkpoint is written to a file path"),
 ])
 def test_wrong_kinds_of_argument_are_onnxtrain_errors_naming_them(call, error, message):
     """Each had escaped as a TypeError, AttributeError, OverflowError or ValueError from deep inside."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import zipfile
 import zlib
 from pathlib import Path
@@ -39,6 +40,8 @@ def assign(state: Mapping[str, Any], binding: Mapping[str, str], values: Mapping
 # NumPy's .npz holds only NumPy's own dtypes; ml_dtypes ones (bfloat16, float8...) travel as raw bits.
 def save_npz(path: str | Path, state: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
     """Write exactly `path` (no suffix added), atomically: a crash leaves the previous checkpoint or this one."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise StateError(f"a state checkpoint is written to a file path, not {type(path).__name__}")
     if Path(path).is_dir():  # refused before the state is serialized, not at the rename after it
         raise StateError(f"cannot write state checkpoint {str(path)!r}: it is a folder; name the file in it")
     arrays, dtypes = {}, {}
