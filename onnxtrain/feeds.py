@@ -35,11 +35,12 @@ def to_array(name: str, value: Any, info: ValueInfo) -> Any:
     if kind is None or not info.elem_type:
         return array
     target = np_dtype(info.elem_type)
-    if number_kind(target) not in WIDER_KINDS[kind]:
+    target_kind = number_kind(target)  # None for a string input
+    if target_kind is None or target_kind not in WIDER_KINDS[kind]:
         return array  # refused by the type check, naming both types
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, by value
         converted = array.astype(target)
-    lost = (converted.astype(array.dtype) != array) if kind in "bi" and number_kind(target) == "i" else (
+    lost = (converted.astype(array.dtype) != array) if kind in "bi" and target_kind == "i" else (
         np.isfinite(array) & ~np.isfinite(converted))
     if np.any(lost):
         raise FeedError(f"feed {name!r}: {array[lost].ravel()[0].item()!r} is out of the range of its declared type "

@@ -199,6 +199,15 @@ def test_python_numbers_that_the_declared_type_cannot_hold_are_refused(name: str
         engine.infer(feeds)
 
 
+def test_a_python_number_for_a_string_input_is_refused_by_type():
+    """A string type has no number kind: the number keeps NumPy's type and the type check names both (it had
+    raised a TypeError from comparing no kind with the number's)."""
+    engine = onnxtrain.load(identities({"s": (TensorProto.STRING, ["k"])}))
+    with pytest.raises(FeedError, match="feed 's': expected dtype string, got int64"):
+        engine.infer({"s": [3]})
+    assert list(np.asarray(engine.infer({"s": ["a"]})["s_out"])) == ["a"]
+
+
 def test_a_python_learning_rate_trains_as_numpy_does():
     """`train_step({..., "learning_rate": 0.01})`, as a PyTorch user writes a rate: NumPy's SGD step at 0.01."""
     engine = onnxtrain.load(sgd_model())
