@@ -118,7 +118,7 @@ def cmd_infer(args: argparse.Namespace) -> None:
 
 def cmd_train(args: argparse.Namespace) -> None:
     if args.output:
-        check_export_target(Path(args.output))
+        check_export_target(args.output)
     if args.shard_state and (args.devices or 1) < 2:
         raise OnnxTrainError("--shard-state splits the state over several devices: give --devices N with N > 1")
     if args.retain_freed_memory and not retain_freed_memory():

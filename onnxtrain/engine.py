@@ -35,6 +35,7 @@ from .export import (check_export_target, replaced_by_export, save_atomic, saved
 from .external_data import ExternalValues
 from .feeds import FeedChecker, array_signature
 from .lower.autocast import mixed_precision_of
+from .optimizers import is_integer
 from .lower.folding import load_time_constants
 from .ir import Graph, ValueInfo
 from .lower.build import build_graph, model_resolver, raise_if_missing
@@ -65,7 +66,7 @@ def device_float(dtype: np.dtype) -> bool:
 
 def check_seed(seed: Any) -> None:
     """OptionError unless `seed` is an integer that jax.random.key takes (64 bits, signed or not)."""
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not -2**63 <= seed < 2**64:
+    if not is_integer(seed) or not -2**63 <= seed < 2**64:
         raise OptionError(f"seed must be an integer of at most 64 bits, got {type(seed).__name__} {seed!r}")
 
 
@@ -293,7 +294,7 @@ class Engine:
 
     def check_algorithm(self, algorithm: int) -> None:
         """StateError unless `algorithm` indexes one of the model's TrainingInfoProtos."""
-        if not isinstance(algorithm, (int, np.integer)) or isinstance(algorithm, bool):
+        if not is_integer(algorithm):
             raise StateError(f"algorithm is the index of a TrainingInfoProto, an int: got {type(algorithm).__name__} "
                              f"{algorithm!r}")
         if not self.algorithms:
@@ -518,5 +519,4 @@ def jax_function(source: ModelSource, seed: int = 0):
 def export_params(source: ModelSource, params: Mapping[str, Any], path: str | Path) -> None:
     """Write `source` with its main-graph initializers replaced by `params`, atomically."""
     model, _ = read_model(source)
-    check_export_target(path)
-    save_atomic(with_initializers(model, params), Path(path))
+    save_atomic(with_initializers(model, params), path)  # which checks `path` before it writes

@@ -17,7 +17,7 @@ from . import big_models
 from .atomic import TOKEN_HEX, new_token, remove_matching, replace_atomically, unlink_quietly, write_durably
 from .big_models import (PROTOBUF_LIMIT, exceeds_protobuf_limit, initializer_graphs, is_external, lean_copy,
                          weight_tensors)
-from .dtypes import type_name
+from .dtypes import onnx_type, type_name
 from .errors import ExportError, ModelLoadError
 from .external_data import ExternalValues
 from .placement import host_array
@@ -188,10 +188,10 @@ def with_initializers(model: onnx.ModelProto, values: Mapping[str, Any]) -> onnx
         raise ExportError(f"{sorted(unknown)} are not initializers of the model's main graph")
     arrays = {name: np.asarray(value) for name, value in values.items()}
     mismatched = [  # a value of another shape or type would make a model the graph's nodes cannot read
-        f"{t.name!r} is {type_name(helper.np_dtype_to_tensor_dtype(a.dtype))}{list(a.shape)}, the model's "
+        f"{t.name!r} is {type_name(onnx_type(a.dtype))}{list(a.shape)}, the model's "
         f"{type_name(t.data_type)}{list(t.dims)}"
         for t in result.graph.initializer if (a := arrays.get(t.name)) is not None
-        and (a.shape, helper.np_dtype_to_tensor_dtype(a.dtype)) != (tuple(t.dims), t.data_type)]
+        and (a.shape, onnx_type(a.dtype)) != (tuple(t.dims), t.data_type)]
     if mismatched:
         raise ExportError(f"values that do not fit their initializers: {'; '.join(mismatched)}")
     for tensor in result.graph.initializer:
@@ -228,7 +228,7 @@ def check_export_target(path: str | os.PathLike) -> None:
         raise ExportError(f"cannot export to {str(path)!r}: it is a folder; name the model file in it")
 
 
-def save_atomic(model: onnx.ModelProto, path: Path, external_data: bool | None = None,
+def save_atomic(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool | None = None,
                 pending: Sequence[Pending] = ()) -> None:
     """Write `model` to `path`; with external data (external_data=True, or None and the model past protobuf's
     limit) its weights (big_models.weight_tensors) go to `<name>.<token>.data` beside it. `model` is consumed

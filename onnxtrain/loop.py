@@ -15,6 +15,7 @@ from .dtypes import TRAINING_FLOAT_TYPES
 from .engine import Engine
 from .errors import DivergenceError, FeedError, OnnxTrainError
 from .export import check_export_target
+from .optimizers import is_integer
 
 
 def array_batches(
@@ -147,7 +148,7 @@ def fit(
 
     check_options(engine, algorithm, loss,
                   {"log_every": log_every, "eval_every": eval_every, "checkpoint_every": checkpoint_every})
-    if not isinstance(steps, (int, np.integer)) or isinstance(steps, bool) or steps < 0:
+    if not is_integer(steps) or steps < 0:
         raise OnnxTrainError(f"steps must be a number of steps >= 0, got {steps!r}")
     if checkpoint is not None:
         check_export_target(checkpoint)

@@ -84,7 +84,7 @@ def check_update(optimizer: str, options: dict[str, float], weight_decay: float 
         raise AuthoringError(f"no_decay must be a regular expression or a bool, got {no_decay!r}")
     if clip_grad_norm is not None and not (is_number(clip_grad_norm) and clip_grad_norm > 0):
         raise AuthoringError(f"clip_grad_norm must be a finite number > 0, got {clip_grad_norm!r}")
-    if isinstance(accumulate, bool) or not isinstance(accumulate, numbers.Integral) or accumulate < 1:
+    if not is_integer(accumulate) or accumulate < 1:
         raise AuthoringError(f"accumulate must be an integer >= 1 (micro-batches per update), got {accumulate!r}")
     return Update(optimizer, {k: float(v) for k, v in options.items()}, float(weight_decay), no_decay,
                   None if clip_grad_norm is None else float(clip_grad_norm), int(accumulate))
@@ -92,6 +92,11 @@ def check_update(optimizer: str, options: dict[str, float], weight_decay: float 
 
 def is_number(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_integer(value: object) -> bool:
+    """An int or NumPy integer, not a bool (which Python counts as an int)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def decayed(update: Update, params: list[str], weights: dict[str, np.ndarray]) -> list[str]:
