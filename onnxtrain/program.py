@@ -310,9 +310,10 @@ class Program:
 
     def _run(self, fn: Callable, key: tuple, args: tuple) -> Any:
         """`fn(*args)`, through this program's own executables where it has one for `args`' signature (read
-        from the store, or planned in heaps after SPLIT_AFTER_CALLS calls)."""
+        from the store, planned in heaps after SPLIT_AFTER_CALLS calls, or, once calls no longer count, jax.jit's
+        own: then `recent` launches it directly, store or not)."""
         known = self.executables.setdefault(key, [])
-        if not key and self.platform == "cpu" and self.calls < SPLIT_AFTER_CALLS:
+        if not key and self._counting():
             self.calls += 1
             if self.calls == SPLIT_AFTER_CALLS:
                 self._split_heaps(fn, args, known)
@@ -325,8 +326,10 @@ class Program:
             self._remember(key, executable)
             return result
         executable = None if self.store is None or key else self._prepared(key, args)
-        if executable is None:  # no store, or a program specialised to static feeds: jax.jit alone
+        if executable is None and (key or self._counting()):  # specialised to static feeds, or still counted
             return fn(*args)
+        if executable is None:  # no store: jax.jit's in-memory caches hold the trace and the executable
+            executable = fn.lower(*args).compile()
         known.insert(0, executable)
         result = executable(*args)
         self._remember(key, executable)
@@ -335,8 +338,11 @@ class Program:
     def _remember(self, key: tuple, executable: jax.stages.Compiled) -> None:
         """`executable` serves the next calls directly, where nothing is static and the calls are no longer
         counted (a jax.jit function never does: it would trace a new signature past the static-feed checks)."""
-        counting = self.platform == "cpu" and self.calls < SPLIT_AFTER_CALLS
-        self.recent = None if key or counting else executable
+        self.recent = None if key or self._counting() else executable
+
+    def _counting(self) -> bool:
+        """Whether calls still count towards the plan in heaps (the CPU's, up to SPLIT_AFTER_CALLS)."""
+        return self.platform == "cpu" and self.calls < SPLIT_AFTER_CALLS
 
     def _split_heaps(self, fn: Callable, args: tuple, known: list[jax.stages.Compiled]) -> None:
         """Put first in `known` the program for `args` compiled with its temporaries in heaps, where its plan in

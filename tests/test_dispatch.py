@@ -131,12 +131,17 @@ def numpy_sgd(w: np.ndarray, x: np.ndarray, t: np.ndarray) -> np.ndarray:
     return w - 0.1 * x.T @ (2 * (x @ w - t) / t.size)
 
 
-def test_the_directly_launched_executable_gives_way_to_any_other_signature(monkeypatch):
+@pytest.mark.parametrize("stored", [True, False], ids=["store", "no-store"])
+def test_the_directly_launched_executable_gives_way_to_any_other_signature(monkeypatch, stored):
     """After SPLIT_AFTER_CALLS calls a program launches the executable of its last call directly (program.py,
-    `recent`); a call with other shapes, dtypes, names or kinds of value takes the full path, with the feed
-    checks, and every step is still NumPy's SGD step."""
+    `recent`), whether or not it has a store of programs (the cache off: then jax.jit's own executable); a call
+    with other shapes, dtypes, names or kinds of value takes the full path, with the feed checks, and every step
+    is still NumPy's SGD step."""
     monkeypatch.setattr(program, "SPLIT_AFTER_CALLS", 2)
     engine = onnxtrain.load(sgd_model())
+    if not stored:
+        for compiled in (engine._infer, engine._train[0]):
+            compiled.store = lambda: None
     rng = np.random.default_rng(0)
     w = np.asarray(engine.state["W"]).copy()
     for n in (4, 4, 4, 4, 2, 4, 2, 2, 4):
@@ -146,7 +151,7 @@ def test_the_directly_launched_executable_gives_way_to_any_other_signature(monke
         w = numpy_sgd(w, x, t)
         np.testing.assert_allclose(np.asarray(engine.state["W"]), w, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(np.asarray(engine.infer({"x": x})["y"]), x @ w, rtol=1e-5, atol=1e-6)
-    assert engine._train[0].recent is not None or engine._train[0].store is None
+    assert engine._train[0].recent is not None and engine._infer.recent is not None
     with pytest.raises(FeedError, match="dtype"):
         engine.train_step({"x": x.astype(np.float64), "target": t})
     with pytest.raises(FeedError, match="'target': expected dtype float, got double"):
