@@ -29,6 +29,21 @@ def staging_pattern(path: Path) -> re.Pattern[str]:
     return re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{{TOKEN_HEX}}}\.tmp")
 
 
+def writable_target(path: object, what: str) -> str | None:
+    """Why a file named `what` (for messages) cannot be written at `path`, or None: not a path, its folder
+    missing, or a folder itself. Writers check it before the work that fills the file, so a run never ends,
+    hours in, at a rename that never could have happened."""
+    if not isinstance(path, (str, os.PathLike)):
+        return f"{what} is written to a file path, not {type(path).__name__}"
+    path = Path(path)
+    folder = path.absolute().parent
+    if not folder.is_dir():
+        return f"cannot write {what} {str(path)!r}: folder {str(folder)!r} does not exist"
+    if path.is_dir():
+        return f"cannot write {what} {str(path)!r}: it is a folder; name the file in it"
+    return None
+
+
 def fsync_folder(folder: Path) -> None:
     """Make a rename in `folder` durable. Windows cannot open a folder; there os.replace is durable as it is."""
     if os.name == "nt":

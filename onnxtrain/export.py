@@ -14,7 +14,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from . import big_models
-from .atomic import TOKEN_HEX, new_token, remove_matching, replace_atomically, unlink_quietly, write_durably
+from .atomic import (TOKEN_HEX, new_token, remove_matching, replace_atomically, unlink_quietly, writable_target,
+                     write_durably)
 from .big_models import (PROTOBUF_LIMIT, exceeds_protobuf_limit, initializer_graphs, is_external, lean_copy,
                          weight_tensors)
 from .dtypes import onnx_type, type_name
@@ -215,17 +216,11 @@ def array_bytes(array: np.ndarray) -> memoryview:
 
 
 def check_export_target(path: str | os.PathLike) -> None:
-    """ExportError unless a model file can be written at `path`: its folder exists and it is not a folder itself.
-    Checked before the weights are written (not at the rename after them), and by the training loop and the CLI
-    before training, so a run does not end, hours in, on a path that never could be written."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise ExportError(f"a model is exported to a file path, not {type(path).__name__}")
-    path = Path(path)
-    folder = path.absolute().parent
-    if not folder.is_dir():
-        raise ExportError(f"cannot export to {str(path)!r}: folder {str(folder)!r} does not exist")
-    if path.is_dir():
-        raise ExportError(f"cannot export to {str(path)!r}: it is a folder; name the model file in it")
+    """ExportError unless a model file can be written at `path` (atomic.writable_target). Checked before the
+    weights are written, and by the training loop and the CLI before training."""
+    problem = writable_target(path, "model")
+    if problem:
+        raise ExportError(problem)
 
 
 def save_atomic(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool | None = None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 
 import numpy as np
@@ -58,12 +59,25 @@ def test_a_folder_as_the_target_is_refused_before_anything_is_written(tmp_path, 
     (target / "kept.txt").write_text("mine")
     written = []
     monkeypatch.setattr(onnxtrain.export, "write_durably", lambda *args, **kwargs: written.append(args))
-    with pytest.raises(StateError, match="it is a folder; name the file in it"):
+    with pytest.raises(StateError, match="cannot write state checkpoint .*it is a folder; name the file in it"):
         engine.save_state(target)
-    with pytest.raises(ExportError, match="it is a folder; name the model file in it"):
+    with pytest.raises(ExportError, match="cannot write model .*it is a folder; name the file in it"):
         engine.export(target, external_data=True)
     assert written == [] and sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
     assert sorted(p.name for p in target.iterdir()) == ["kept.txt"]
+
+
+def test_a_missing_folder_is_named_before_anything_is_written(tmp_path, monkeypatch):
+    """A checkpoint or model in a folder that does not exist: refused naming the folder, nothing serialized."""
+    engine = trained(1)
+    missing = tmp_path / "runs" / "today"
+    serialized = []
+    monkeypatch.setattr(onnxtrain.state.store.np, "savez", lambda *args, **kwargs: serialized.append(args))
+    with pytest.raises(StateError, match=f"state checkpoint .*: folder {re.escape(repr(str(missing)))} does not exist"):
+        engine.save_state(missing / "ckpt.npz")
+    with pytest.raises(ExportError, match=f"model .*: folder {re.escape(repr(str(missing)))} does not exist"):
+        engine.export(missing / "model.onnx")
+    assert serialized == [] and list(tmp_path.iterdir()) == []
 
 
 def test_save_state_fsyncs_the_file_and_its_folder(tmp_path, monkeypatch):

@@ -78,9 +78,9 @@ def test_a_zero_row_batch_is_refused_before_it_counts_as_a_step():
     (lambda: onnxtrain.load(MODEL, devices=["cpu"]), OptionError, r"devices is a list of JAX devices .* not \['cpu'\]"),
     (lambda: onnxtrain.load(MODEL, devices=jax.devices()[0]), OptionError, "devices is a list of JAX devices"),
     (lambda: onnxtrain.load(MODEL).export(None), onnxtrain.errors.ExportError,
-     "a model is exported to a file path, not NoneType"),
-    (lambda: onnxtrain.export_params(MODEL, {}, 3), onnxtrain.errors.ExportError, "exported to a file path, not int"),
-    (lambda: onnxtrain.load(MODEL).save_state(None), StateError, "a state checkpoint is written to a file path"),
+     "model is written to a file path, not NoneType"),
+    (lambda: onnxtrain.export_params(MODEL, {}, 3), onnxtrain.errors.ExportError, "written to a file path, not int"),
+    (lambda: onnxtrain.load(MODEL).save_state(None), StateError, "state checkpoint is written to a file path"),
 ])
 def test_wrong_kinds_of_argument_are_onnxtrain_errors_naming_them(call, error, message):
     """Each had escaped as a TypeError, AttributeError, OverflowError or ValueError from deep inside."""
@@ -98,8 +98,8 @@ def test_an_output_that_cannot_be_written_is_refused_before_training(tmp_path, c
     monkeypatch.setattr(onnxtrain.Engine, "train_step", lambda self, *a, **k: steps.append(1) or step(self, *a, **k))
     for target in (tmp_path / "nowhere" / "out.onnx", tmp_path):
         status, err = run_cli(capsys, "train", MODEL, "--data", DATA, "--steps", 2, "-o", target)
-        assert status == 2 and "cannot export to" in err and len(err.strip().splitlines()) == 1, err
-        with pytest.raises(onnxtrain.errors.ExportError, match="cannot export to"):
+        assert status == 2 and "cannot write model" in err and len(err.strip().splitlines()) == 1, err
+        with pytest.raises(onnxtrain.errors.ExportError, match="cannot write model"):
             onnxtrain.fit(onnxtrain.load(MODEL), onnxtrain.array_batches(ARRAYS, 8), steps=3, progress=False,
                           checkpoint=target)
     assert steps == [] and sorted(p.name for p in tmp_path.iterdir()) == []

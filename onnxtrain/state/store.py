@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import zipfile
 import zlib
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any, Mapping
 import numpy as np
 from numpy.lib.npyio import NpzFile
 
-from ..atomic import replace_atomically
+from ..atomic import replace_atomically, writable_target
 from ..errors import StateError
 
 
@@ -40,10 +39,9 @@ def assign(state: Mapping[str, Any], binding: Mapping[str, str], values: Mapping
 # NumPy's .npz holds only NumPy's own dtypes; ml_dtypes ones (bfloat16, float8...) travel as raw bits.
 def save_npz(path: str | Path, state: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
     """Write exactly `path` (no suffix added), atomically: a crash leaves the previous checkpoint or this one."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise StateError(f"a state checkpoint is written to a file path, not {type(path).__name__}")
-    if Path(path).is_dir():  # refused before the state is serialized, not at the rename after it
-        raise StateError(f"cannot write state checkpoint {str(path)!r}: it is a folder; name the file in it")
+    problem = writable_target(path, "state checkpoint")  # before the state is serialized
+    if problem:
+        raise StateError(problem)
     arrays, dtypes = {}, {}
     for name, value in state.items():
         array = np.asarray(value)
