@@ -17,7 +17,10 @@ TRAINING_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBL
 
 
 def host_only(value) -> bool:
-    """Strings and 6-bit floats live on the host only (NumPy), never in an XLA program."""
+    """Strings and 6-bit floats live on the host only (NumPy), never in an XLA program; so does a sequence (list)
+    holding any of them, or maps (object arrays holding dicts)."""
+    if isinstance(value, list):
+        return any(host_only(v) for v in value)
     return isinstance(value, np.ndarray) and (value.dtype.kind in "OUS" or value.dtype in HOST_ONLY_DTYPES)
 
 

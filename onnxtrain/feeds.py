@@ -101,9 +101,10 @@ def check_feeds(
 def checked(name: str, value: Any, info: ValueInfo, symbols: dict[str, tuple[int, str]]) -> Any:
     """`value` converted and checked against the type of `info`: a tensor by `check_one`; a sequence as a list,
     each element against the element type (its named dimensions its own: elements may differ in shape); an
-    optional as None (empty) or as its element type. Other types are converted and not checked: a map's dict
-    becomes a 0-d object array, which the map ops (DictVectorizer, CastMap) read on the host."""
+    optional as None (empty) or as its element type; a map by `checked_map`."""
     kind = info.type_proto.WhichOneof("value")
+    if kind == "map_type":
+        return checked_map(name, value, info)
     if kind == "optional_type":
         return None if value is None else checked(name, value, contained(info, "optional_type"), symbols)
     if value is None and kind is not None:
@@ -120,6 +121,31 @@ def checked(name: str, value: Any, info: ValueInfo, symbols: dict[str, tuple[int
     array = to_array(name, value, info)
     check_one(name, info, array, symbols)
     return array
+
+
+def checked_map(name: str, value: Any, info: ValueInfo) -> np.ndarray:
+    """A map feed: a dict whose keys are of the declared key type (str for string keys; ints within an integer
+    type's range) and whose values are checked as `checked` checks a feed of the value type (a Python number
+    takes the declared type). Returned as a 0-d object array holding the converted dict, which the map ops
+    (DictVectorizer, CastMap) read on the host; a scalar value becomes a NumPy scalar of its type."""
+    if not isinstance(value, Mapping):
+        raise FeedError(f"feed {name!r} is a map input: feed a dict {{key: value}}, not {type(value).__name__}")
+    map_type = info.type_proto.map_type
+    key_dtype = np_dtype(map_type.key_type)
+    element = value_info(onnx.helper.make_value_info(info.name, map_type.value_type))
+    converted = {}
+    for key, item in value.items():
+        if key_dtype == object and not isinstance(key, str) or key_dtype != object and not (
+                isinstance(key, (int, np.integer)) and not isinstance(key, bool)
+                and np.iinfo(key_dtype).min <= key <= np.iinfo(key_dtype).max):
+            raise FeedError(f"feed {name!r}: key {key!r} is not of the map's key type "
+                            f"{type_name(map_type.key_type)}")
+        item = checked(f"{name}[{key!r}]", item, element, {})
+        converted[key if key_dtype == object else int(key)] = (
+            item[()] if isinstance(item, np.ndarray) and item.ndim == 0 else item)
+    holder = np.empty((), dtype=object)
+    holder[()] = converted
+    return holder
 
 
 def contained(info: ValueInfo, kind: str) -> ValueInfo:

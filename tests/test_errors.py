@@ -124,6 +124,63 @@ def test_sequence_elements_and_optional_values_that_match_are_computed():
     assert bool(engine.infer({"s": [ONE], "o": [5.0, 6.0]})["has"])
 
 
+def map_model(key_type: int, vocabulary: dict[str, list]) -> onnx.ModelProto:
+    """y = DictVectorizer(m) for m: map(key_type, float)."""
+    graph = helper.make_graph(
+        [helper.make_node("DictVectorizer", ["m"], ["y"], domain="ai.onnx.ml", **vocabulary)], "g",
+        [helper.make_value_info("m", helper.make_map_type_proto(
+            key_type, helper.make_tensor_type_proto(TensorProto.FLOAT, [])))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+
+
+STRING_KEYS = (TensorProto.STRING, {"string_vocabulary": ["a", "b", "c"]})
+INT_KEYS = (TensorProto.INT64, {"int64_vocabulary": [7, 8, 9]})
+
+
+@pytest.mark.parametrize("model, feed, message", [
+    (STRING_KEYS, [1.0, 2.0], r"feed 'm' is a map input: feed a dict \{key: value\}, not list"),
+    (STRING_KEYS, None, "feed 'm' is a map input: feed a dict"),
+    (STRING_KEYS, {1: 2.0}, "feed 'm': key 1 is not of the map's key type string"),
+    (INT_KEYS, {"7": 2.0}, "feed 'm': key '7' is not of the map's key type int64"),
+    (INT_KEYS, {True: 2.0}, "feed 'm': key True is not of the map's key type int64"),
+    (INT_KEYS, {2**63: 2.0}, "key 9223372036854775808 is not of the map's key type int64"),
+    (STRING_KEYS, {"a": "x"}, r"feed \"m\['a'\]\": expected dtype float"),
+    (STRING_KEYS, {"a": [1.0, 2.0]}, r"feed \"m\['a'\]\": expected rank 0"),
+    (STRING_KEYS, {"a": np.float64(1.0)}, r"feed \"m\['a'\]\": expected dtype float, got double"),
+    (STRING_KEYS, {"a": None}, r"feed \"m\['a'\]\" is None"),
+])
+def test_map_feeds_are_checked_against_their_declared_key_and_value_types(model, feed, message):
+    """Unchecked, a map with int keys for string ones vectorized to zeros, a string value came out as a string
+    tensor the graph declares float, and None became NaN."""
+    engine = onnxtrain.load(map_model(*model))
+    with pytest.raises(FeedError, match=message):
+        engine.infer({"m": feed})
+
+
+def test_map_feeds_that_match_are_computed():
+    """Python numbers take the declared value type; NumPy integer keys are int64 keys."""
+    out = onnxtrain.load(map_model(*STRING_KEYS)).infer({"m": {"a": 1, "c": 2.5}})
+    np.testing.assert_array_equal(np.asarray(out["y"]), np.array([[1, 0, 2.5]], np.float32))
+    assert np.asarray(out["y"]).dtype == np.float32
+    out = onnxtrain.load(map_model(*INT_KEYS)).infer({"m": {np.int64(9): np.float32(4), 7: -1.0}})
+    np.testing.assert_array_equal(np.asarray(out["y"]), np.array([[-1, 0, 4]], np.float32))
+
+
+def test_a_sequence_of_strings_is_fed():
+    """A host-only sequence (of string tensors) had reached the trace and failed with JAX's TypeError."""
+    graph = helper.make_graph(
+        [helper.make_node("SequenceAt", ["s", "p"], ["y"])], "g",
+        [helper.make_tensor_sequence_value_info("s", TensorProto.STRING, ["n"]),
+         helper.make_tensor_value_info("p", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.STRING, ["n"])])
+    engine = onnxtrain.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.warns(UserWarning, match="compiled in as constants"):  # the position, beside a host sequence
+        out = engine.infer({"s": [np.array(["a", "b"], dtype=object), np.array(["c"], dtype=object)],
+                            "p": np.int64(1)})
+    np.testing.assert_array_equal(out["y"], np.array(["c"], dtype=object))
+
+
 def test_external_data_outside_the_model_folder_is_refused(tmp_path):
     model = add_model()
     weight = onnx.numpy_helper.from_array(np.ones((2, 3), np.float32), "b")

@@ -332,8 +332,11 @@ def _maps(x: Any) -> tuple[list[dict], bool]:
         x = x.item() if x.ndim == 0 else list(x.reshape(-1))
     if isinstance(x, dict):
         return [x], True
-    if isinstance(x, (list, tuple)) and all(isinstance(m, dict) for m in x):
-        return list(x), False
+    if isinstance(x, (list, tuple)):
+        # a fed sequence of maps holds each as a 0-d object array (feeds.checked_map)
+        maps = [m.item() if isinstance(m, np.ndarray) and m.dtype == object and m.ndim == 0 else m for m in x]
+        if all(isinstance(m, dict) for m in maps):
+            return maps, False
     raise TypeError(f"expected a map (dict) or a sequence of maps, got {type(x).__name__}")
 
 
