@@ -37,7 +37,7 @@ from .feeds import FeedChecker, array_signature
 from .lower.autocast import mixed_precision_of
 from .optimizers import is_integer
 from .lower.folding import load_time_constants
-from .ir import Graph, ValueInfo
+from .ir import Graph, Node, ValueInfo
 from .lower.build import build_graph, model_resolver, raise_if_missing
 from .lower.layout import KernelLast, kernel_only_weights
 from .lower.ops.training import REMAT_MODES
@@ -48,15 +48,27 @@ from . import steps
 from .state.bindings import Algorithm, parse_training_info, state_owners
 from .state.store import load_npz, save_npz
 
-def on_device(name: str, value: np.ndarray, state: set[str]) -> bool:
+# Float inputs an op reads when it is traced (they set its output's shape or its sampling plan)
+TRACE_TIME_FLOAT_INPUTS = {("Resize", 1), ("Resize", 2), ("Upsample", 1)}
+
+
+def trace_time_reads(nodes: Sequence[Node]) -> set[str]:
+    """The names `nodes` read at TRACE_TIME_FLOAT_INPUTS (the dynamo exporter writes Resize's scales as an
+    initializer, the TorchScript exporter as a Constant node)."""
+    return {name for node in nodes for index, name in enumerate(node.inputs)
+            if not node.domain and (node.op_type, index) in TRACE_TIME_FLOAT_INPUTS}
+
+
+def on_device(name: str, value: np.ndarray, state: set[str], static: set[str]) -> bool:
     """Whether an initializer lives on the device (traced) or stays a NumPy constant (static). State always
     lives there; so do float weights, so they are not baked into the executable. Integer/bool/string constants
     are static so shape arithmetic on them folds, and so are the float types XLA has no buffer for
-    (HOST_ONLY_DTYPES: their ops compute on the host), and float scalars that are not state: an exporter's
-    constants (GELU's exponent 3.0 and coefficients, a norm's exponent 2.0) compile in as literals, so Pow by
-    3.0 is two multiplies, not XLA's exp-log pow (GPT-2's inference: 44 -> 4 ms of its ~330 in those kernels).
-    (Small vectors stay traced: a BatchNorm's statistics folded at trace time rounded differently.)"""
-    return name in state or (device_float(value.dtype) and value.size > 1)
+    (HOST_ONLY_DTYPES: their ops compute on the host), float constants an op reads at trace time (`static`:
+    trace_time_reads), and float scalars that are not state: an exporter's constants (GELU's exponent 3.0 and
+    coefficients, a norm's exponent 2.0) compile in as literals, so Pow by 3.0 is two multiplies, not XLA's
+    exp-log pow (GPT-2's inference: 44 -> 4 ms of its ~330 in those kernels). (Small vectors stay traced: a
+    BatchNorm's statistics folded at trace time rounded differently.)"""
+    return name in state or (device_float(value.dtype) and value.size > 1 and name not in static)
 
 
 def device_float(dtype: np.dtype) -> bool:
@@ -154,7 +166,8 @@ class Engine:
         # `initializers` is the static constants the traces read.
         graphs = {None: self.graph, **{a.index: a.graph for a in self.algorithms}}  # by owner, as state_owner
         owned = set(self.state_owner)
-        moving = {owner: [n for n, v in graph.initializers.items() if on_device(n, v, owned)]
+        static = trace_time_reads([n for graph in graphs.values() for n in graph.nodes])
+        moving = {owner: [n for n, v in graph.initializers.items() if on_device(n, v, owned, static)]
                   for owner, graph in graphs.items()}
         # a constant kernel that only convolutions read is stored once in their order (lower/layout.py)
         kernels = set() if self._placement.platform != "cpu" else kernel_only_weights(

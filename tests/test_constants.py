@@ -79,6 +79,29 @@ def test_a_constant_an_op_reads_at_trace_time_stays_static():
     np.testing.assert_allclose(got, ReferenceEvaluator(model).run(None, {"X": x})[0], rtol=1e-5, atol=1e-6)
 
 
+def test_resize_scales_held_in_an_initializer_stay_static():
+    """The dynamo exporter writes nn.Upsample's scales as a float initializer, which (a float vector) would live on
+    the device as a weight does; Resize reads them when traced (engine.TRACE_TIME_FLOAT_INPUTS): the model had
+    failed to run at all (StaticValueRequired)."""
+    nodes = [helper.make_node("Resize", ["X", "", "scales"], ["R"], mode="linear"),
+             helper.make_node("Mul", ["R", "W"], ["Y"])]
+    graph = helper.make_graph(nodes, "upsample", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 2, 3, 3])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 2, 6, 6])],
+                              [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+                               numpy_helper.from_array(np.full((1, 2, 1, 1), 0.5, np.float32), "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    x = np.random.default_rng(2).random((1, 2, 3, 3), np.float32)
+    expected = ReferenceEvaluator(model).run(None, {"X": x})[0]
+    np.testing.assert_allclose(onnxtrain.load(model).infer({"X": x})["Y"], expected, rtol=1e-5, atol=1e-6)
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=0.5))
+    target = np.zeros((1, 2, 6, 6), np.float32)
+    engine.train_step({"X": x, "target": target})  # W -= 0.5 * mean(2 * R * (R W - 0)) per channel
+    r = expected / 0.5
+    w = 0.5 - 0.5 * (2 * r * r * 0.5).sum(axis=(0, 2, 3), keepdims=True) / r.size
+    np.testing.assert_allclose(np.asarray(engine.state["W"]), w, rtol=1e-5)
+    assert sorted(engine.state) == ["W"]
+
+
 def test_scalar_initializers_compile_in_and_stay_parameters_of_jax_function():
     """An exporter's scalar initializers (GELU's x ** 3.0 and its coefficient) are literals of the program, so
     the power is multiplications (no XLA pow: ~10x slower on the CPU), while jax_function still differentiates
