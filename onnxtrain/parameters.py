@@ -5,7 +5,8 @@ Exporters store more than parameters as float initializers: the dynamo exporter 
 0.5 / 0.044715, a Pow exponent 3.0, the attention scale, a mask's fill value) and folds attention masks; both
 exporters fold transposes into weights, and merge equal-valued initializers. Names do not tell them apart (the
 dynamo exporter's folded weights are `val_N` like its constants), so the rules below read how each initializer is
-used: a constant sits where no parameter sits."""
+used: a constant sits where no parameter sits. The dynamo exporter also records on each node the PyTorch call it
+comes from, which tells the constants a call's decomposition makes for itself (`made_inside_calls`)."""
 
 from __future__ import annotations
 
@@ -141,13 +142,45 @@ def folded_mask(value: np.ndarray, used: list[Use]) -> bool:
 def constants(model: onnx.ModelProto) -> dict[str, str]:
     """Float initializers of the main graph that are not parameters, each with the reason."""
     used = uses(model.graph)
+    made = made_inside_calls(model.graph)
     reasons = {}
     for tensor in model.graph.initializer:
         if tensor.data_type in TRAINING_FLOAT_TYPES:
-            reason = constant_reason(tensor_value(tensor), used.get(tensor.name, []))
+            reason = made.get(tensor.name) or constant_reason(tensor_value(tensor), used.get(tensor.name, []))
             if reason:
                 reasons[tensor.name] = reason
     return reasons
+
+
+# The dynamo exporter records on each node the PyTorch call it comes from (torch.export's FX node, as text)
+FX_NODE = "pkg.torch.onnx.fx_node"
+FX_CALL = re.compile(r"target=([\w.]+)\]")
+SDPA = "torch.ops.aten.scaled_dot_product_attention.default"
+GROUP_NORM = "torch.ops.aten.group_norm.default"
+# (call, op_type, input index) -> the largest such constant: where a call's ONNX decomposition reads a constant
+# of its own. scaled_dot_product_attention multiplies the query and the key each by the square root of its
+# scale, a [1] tensor (a parameter reaching those Muls, a learned query folded over the batch, is larger);
+# group_norm normalizes by InstanceNormalization with unit scales and zero shifts, then applies its affine
+# parameters by Mul and Add. Names do not tell: the optimizing exporter names both them and folded weights val_N.
+CALL_CONSTANT_INPUTS = {(SDPA, "Mul", 0): 1, (SDPA, "Mul", 1): 1,
+                        (GROUP_NORM, "InstanceNormalization", 1): None, (GROUP_NORM, "InstanceNormalization", 2): None}
+
+
+def made_inside_calls(graph: onnx.GraphProto) -> dict[str, str]:
+    """Initializers of the main graph read only where the recorded PyTorch call's decomposition reads a constant
+    of its own (CALL_CONSTANT_INPUTS), each with the reason."""
+    sizes = {t.name: int(np.prod(t.dims)) for t in graph.initializer}
+    readers: dict[str, list[str]] = defaultdict(list)  # name -> per reading, the call that made it, or ""
+    for node in graph.node:
+        call = FX_CALL.search({p.key: p.value for p in node.metadata_props}.get(FX_NODE, ""))
+        for index, name in enumerate(node.input):
+            key = (call.group(1) if call else "", node.op_type, index)
+            largest = CALL_CONSTANT_INPUTS.get(key, 0)
+            own = key in CALL_CONSTANT_INPUTS and name in sizes and (largest is None or sizes[name] <= largest)
+            readers[name].append(key[0] if own else "")
+    used = uses(graph)
+    return {name: f"made by the exporter inside {', '.join(sorted(set(calls)))}" for name, calls in readers.items()
+            if name in sizes and all(calls) and len(calls) == len(used[name])}
 
 
 # The export flags that keep an eval-mode BatchNorm a node of its own (train_mode needs it, the warning says it).

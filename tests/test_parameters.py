@@ -123,3 +123,41 @@ def test_a_batchnorm_folded_into_a_conv_is_warned_about(weight, bias, rule):
 
 def test_a_conv_with_its_own_parameters_is_not_warned_about():
     assert default_set(conv("stem.0.weight", "stem.0.bias", "SomeOtherRule")) == ["stem.0.weight", "stem.0.bias"]
+
+
+def recorded(node: onnx.NodeProto, call: str, args: str) -> onnx.NodeProto:
+    """`node` with the dynamo exporter's record of the PyTorch call it comes from."""
+    helper.set_metadata_props(node, {"pkg.torch.onnx.fx_node": f"%out : [num_users=1] = call_function[target="
+                                                              f"torch.ops.aten.{call}](args = ({args}), kwargs = {{}})"})
+    return node
+
+
+SDPA_CALL = ("scaled_dot_product_attention.default", "%view_4, %view_5, %view_6")
+
+
+@pytest.mark.parametrize("call, size, trained", [
+    (SDPA_CALL, 1, ["M"]),  # the scale's square root, which the exporter multiplies the query and the key by
+    (SDPA_CALL, 8, ["S", "M"]),  # larger: a learned query folded over the batch reaches those Muls too
+    (("mul.Tensor", "%x, %p_alpha"), 1, ["S", "M"]),  # a learned [1] scale (ReZero's alpha)
+    (None, 1, ["S", "M"]),  # no record (TorchScript): a [1] operand of a Mul may be a parameter
+])
+def test_a_constant_made_inside_a_recorded_call_is_a_setting(call, size, trained):
+    """dynamo decomposes scaled_dot_product_attention with its scale as a [1] initializer (val_N, as it names
+    folded weights): trained, it changed what nn.TransformerEncoderLayer and nn.MultiheadAttention compute."""
+    mul = helper.make_node("Mul", ["X", "S"], ["P"])
+    nodes = [recorded(mul, *call) if call else mul, helper.make_node("MatMul", ["P", "M"], ["Y"])]
+    model = model_of(nodes, {"X": [2, 8]}, {"S": np.full(size, 0.59), "M": np.eye(8) + 0.1})
+    assert default_set(model) == trained
+
+
+def test_group_norms_unit_scales_are_settings():
+    """dynamo decomposes group_norm into InstanceNormalization over the groups with unit scales and zero shifts
+    (shared by every GroupNorm of as many groups, so merged), then applies the affine parameters by Mul and Add."""
+    call = ("group_norm.default", "%conv2d, 2, %p_norm_weight, %p_norm_bias, 1e-05, False")
+    nodes = [recorded(helper.make_node("Reshape", ["X", "shape"], ["G"]), *call),
+             recorded(helper.make_node("InstanceNormalization", ["G", "ones", "zeros"], ["N"]), *call),
+             recorded(helper.make_node("Mul", ["N", "gamma"], ["Y"]), *call)]
+    model = model_of(nodes, {"X": [1, 4, 3]}, {"ones": np.ones(2), "zeros": np.zeros(2),
+                                               "gamma": np.full((2, 1), 1.5)})
+    model.graph.initializer.append(numpy_helper.from_array(np.array([1, 2, 6], np.int64), "shape"))
+    assert default_set(model) == ["gamma"]
