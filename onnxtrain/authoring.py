@@ -5,12 +5,13 @@ and an initialization graph that resets the optimizer (and optionally the weight
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .embedding_padding import padding_rows
 from .errors import AuthoringError
 from .lower.registry import TRAINING_DOMAIN
 from .optimizers import (  # noqa: F401 (OPTIMIZERS, STEP: API)
@@ -189,6 +190,7 @@ def make_trainable(
     no_decay: str | bool = False,
     clip_grad_norm: float | None = None,
     accumulate: int = 1,
+    padding_idx: Mapping[str, int] | None = None,
     **optimizer_options: float,
 ) -> onnx.ModelProto:
     """A copy of `model` carrying one TrainingInfoProto that trains `trainable` on `loss` between `prediction`
@@ -215,7 +217,9 @@ def make_trainable(
     train steps from the mean of their gradients, as a big batch of those k (equal-sized) micro-batches; the
     rate fed with the k-th is the one used. `train_mode=True` trains as PyTorch's `module.train()`: batch
     statistics and running-statistics updates in BatchNormalization, Dropout dropping, while the inference graph
-    stays in eval mode (onnxtrain/train_mode.py).
+    stays in eval mode (onnxtrain/train_mode.py). `padding_idx={table: row}`: embedding rows that get no
+    gradient, as PyTorch's `nn.Embedding(padding_idx=row)` gives them none (onnxtrain/embedding_padding.py); by
+    default the rows the dynamo exporter records, which a TorchScript export does not (pass them); {} for none.
 
     Mixed precision is not a make_trainable option: it is how a runtime computes the graph, not part of it, so
     the model stays plain float32 ONNX; choose it when running: `load(model, mixed_precision="bfloat16")`."""
@@ -239,7 +243,8 @@ def make_trainable(
                for t in graph.initializer}
     b.initializers.append(numpy_helper.from_array(np.asarray(learning_rate, np.float32), LEARNING_RATE))
     inputs.append(helper.make_tensor_value_info(LEARNING_RATE, TensorProto.FLOAT, []))
-    add_update(b, params, weights, update)
+    rows = padding_rows(result, params, padding_idx, {p: weights[p].shape for p in params})
+    add_update(b, params, weights, update, rows)
     if reinitialize:
         reinitialize_weights(b, params, weights)
     outputs = [helper.make_value_info(value, value_type) for _, value, value_type in b.updates]

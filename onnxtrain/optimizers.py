@@ -15,11 +15,11 @@ import math
 import numbers
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from .errors import AuthoringError
 from .lower.registry import TRAINING_DOMAIN
@@ -115,14 +115,17 @@ def decayed(update: Update, params: list[str], weights: dict[str, np.ndarray]) -
     return [p for p in params if p not in excluded]
 
 
-def add_update(b: Builder, params: list[str], weights: dict[str, np.ndarray], update: Update) -> None:
-    """Append the Gradient node and everything after it, binding the new parameters and optimizer state."""
+def add_update(b: Builder, params: list[str], weights: dict[str, np.ndarray], update: Update,
+               padding_rows: Mapping[str, int] | None = None) -> None:
+    """Append the Gradient node and everything after it, binding the new parameters and optimizer state;
+    `padding_rows`: {table: row} whose gradient row is zero (embedding_padding.py)."""
     types = {p: helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(weights[p].dtype), weights[p].shape)
              for p in params}
     elems = {p: types[p].tensor_type.elem_type for p in params}
     optimizer_updates = len(b.updates)  # train mode's running statistics, bound before, update every micro-batch
     grads = {p: f"{p}.grad" for p in params}
     b.node("Gradient", params, list(grads.values()), domain=TRAINING_DOMAIN, xs=params, y="loss")
+    grads = zero_rows(b, grads, padding_rows or {}, weights)
     accumulated = accumulate(b, grads, weights, elems, update.accumulate) if update.accumulate > 1 else grads
     grads = clip_by_global_norm(b, accumulated, elems, update.clip_grad_norm) if update.clip_grad_norm else accumulated
     to_decay = decayed(update, params, weights)
@@ -146,6 +149,24 @@ def add_update(b: Builder, params: list[str], weights: dict[str, np.ndarray], up
     if update.accumulate > 1:
         b.gate(APPLY, since=optimizer_updates)  # the optimizer's updates happen on the k-th micro-batch only
         finish_accumulation(b, grads=accumulated, types=types)
+
+
+def zero_rows(b: Builder, grads: dict[str, str], rows: Mapping[str, int],
+              weights: dict[str, np.ndarray]) -> dict[str, str]:
+    """Each table's gradient with row `rows[table]` set to zero: a ScatterND of a zero row, exact whatever the
+    other rows hold (a NaN among them included). The zero row is made by ConstantOfShape, a value known when
+    the step is traced (lower/sparse_update.py keeps SGD's rows-only update through it)."""
+    zeroed = dict(grads)
+    for table, row in rows.items():
+        weight = weights[table]
+        index = numpy_helper.from_array(np.array([[row]], np.int64), f"{table}.zeroed_row")
+        shape = numpy_helper.from_array(np.array([1, *weight.shape[1:]], np.int64), f"{table}.zero_row.shape")
+        b.initializers += [index, shape]
+        b.node("ConstantOfShape", [shape.name], [f"{table}.zero_row"],
+               value=numpy_helper.from_array(np.zeros(1, weight.dtype)))
+        b.node("ScatterND", [grads[table], index.name, f"{table}.zero_row"], [f"{table}.grad.row_zeroed"])
+        zeroed[table] = f"{table}.grad.row_zeroed"
+    return zeroed
 
 
 def accumulate(b: Builder, grads: dict[str, str], weights: dict[str, np.ndarray], elems: dict[str, int],

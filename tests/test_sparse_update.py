@@ -39,8 +39,8 @@ def embedding_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def trained(steps: int, lr: float, **options) -> onnxtrain.Engine:
-    engine = onnxtrain.load(onnxtrain.make_trainable(embedding_model(), loss="mse", optimizer="sgd",
+def trained(steps: int, lr: float, optimizer: str = "sgd", **options) -> onnxtrain.Engine:
+    engine = onnxtrain.load(onnxtrain.make_trainable(embedding_model(), loss="mse", optimizer=optimizer,
                                                      learning_rate=lr, **options))
     for _ in range(steps):
         engine.train_step({"ids": IDS, "target": TARGET})
@@ -108,6 +108,27 @@ def test_a_table_also_read_inside_a_subgraph_trains_whole_and_right():
         torch.nn.functional.mse_loss(z + 0.01 * table.sum(), torch.tensor(TARGET)).backward()
         optimizer.step()
     np.testing.assert_allclose(np.asarray(engine.state["E"]), table.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer, options, row", [("sgd", {}, 1), ("sgd", {}, -1),
+                                                     ("adamw", {"weight_decay": 0.1}, 3)])
+def test_a_padding_row_trains_as_pytorchs_and_sgd_still_updates_rows_only(optimizer, options, row):
+    """padding_idx: the row's gradient is zero, as torch's embedding gives it (row 1 is looked up four times, row
+    10 as -1 and as 10); AdamW's decay still moves it, as torch.optim's does. SGD keeps its rows-only update."""
+    engine = trained(3, 0.5, optimizer, padding_idx={"E": row}, **options)
+    table, projection = torch.tensor(TABLE, requires_grad=True), torch.tensor(PROJECTION, requires_grad=True)
+    optimizer_class = torch.optim.SGD if optimizer == "sgd" else torch.optim.AdamW
+    update = optimizer_class([table, projection], lr=0.5, **options)
+    for _ in range(3):
+        update.zero_grad()
+        z = (torch.nn.functional.embedding(torch.tensor(IDS % VOCABULARY), table, padding_idx=row) @ projection)
+        torch.nn.functional.mse_loss(z.mean(1), torch.tensor(TARGET)).backward()
+        update.step()
+    np.testing.assert_allclose(np.asarray(engine.state["E"]), table.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(engine.state["W"]), projection.detach().numpy(), rtol=1e-5, atol=1e-6)
+    if optimizer == "sgd":
+        assert np.asarray(engine.state["E"])[row].tobytes() == TABLE[row].tobytes()
+        assert "stablehlo.case" in engine.lower({"ids": IDS, "target": TARGET}, 0).as_text()
 
 
 def test_a_gradient_read_by_more_than_the_update_is_whole_and_right():

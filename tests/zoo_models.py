@@ -21,6 +21,7 @@ from torch import nn
 BATCH = 2
 SEQ = 8
 VOCAB = 64
+PAD = 0  # the padding token of the models that pad (their embeddings' padding_idx)
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,71 @@ class LSTMClassifier(nn.Module):
     def forward(self, x):
         out, _ = self.lstm(x)
         return self.head(out[:, -1])
+
+
+class GRUClassifier(nn.Module):
+    """Two stacked GRU layers, InstanceNorm1d over the hidden features, a head on the last step."""
+
+    def __init__(self, classes: int = 5):
+        super().__init__()
+        self.gru = nn.GRU(12, 16, num_layers=2, batch_first=True)
+        self.norm = nn.InstanceNorm1d(16, affine=True)
+        self.head = nn.Linear(16, classes)
+
+    def forward(self, x):
+        out, _ = self.gru(x)
+        return self.head(self.norm(out.transpose(1, 2))[:, :, -1])
+
+
+class TorchTransformer(nn.Module):
+    """PyTorch's own nn.TransformerEncoder (scaled_dot_product_attention inside) over an embedding with a padding
+    row, fed padded sequences: PyTorch never trains that row."""
+
+    def __init__(self, classes: int = 5):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 32, padding_idx=PAD)
+        layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(32, classes)
+
+    def forward(self, ids):
+        return self.head(self.encoder(self.embed(ids)).mean(dim=1))
+
+
+class TextCNN(nn.Module):
+    """Conv1d and a depthwise Conv1d over padded token embeddings, max-pooled over time."""
+
+    def __init__(self, classes: int = 5):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 16, padding_idx=PAD)
+        self.conv = nn.Conv1d(16, 24, 3, padding=1)
+        self.depthwise = nn.Conv1d(24, 24, 3, padding=1, groups=24)
+        self.head = nn.Linear(24, classes)
+
+    def forward(self, ids):
+        h = torch.relu(self.conv(self.embed(ids).transpose(1, 2)))
+        return self.head(nn.functional.adaptive_max_pool1d(nn.functional.gelu(self.depthwise(h)), 1).squeeze(-1))
+
+
+class UNet(nn.Module):
+    """A small U-Net: GroupNorm and SiLU, a strided convolution down, a transposed convolution and a bilinear
+    upsampling back, the skip concatenated, a PixelShuffle head under LeakyReLU."""
+
+    def __init__(self):
+        super().__init__()
+        self.inc = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.SiLU())
+        self.down = nn.Sequential(nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.GroupNorm(4, 16), nn.SiLU())
+        self.up = nn.ConvTranspose2d(16, 8, 2, stride=2)
+        self.upsample = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+        self.mix = nn.Conv2d(32, 8, 3, padding=1)
+        self.shuffle = nn.Sequential(nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.PixelShuffle(2))
+        self.out = nn.Conv2d(2, 2, 1)
+
+    def forward(self, x):
+        a = self.inc(x)
+        b = self.down(a)
+        h = self.mix(torch.cat([a, self.up(b), self.upsample(b)], dim=1))
+        return self.out(nn.functional.leaky_relu(self.shuffle(h), 0.1))
 
 
 class LoopModule(nn.Module):
@@ -275,6 +341,13 @@ def tokens(rng: np.random.Generator) -> np.ndarray:
     return rng.integers(1, VOCAB, size=(BATCH, SEQ)).astype(np.int64)
 
 
+def padded_tokens(rng: np.random.Generator) -> tuple[np.ndarray]:
+    """Tokens whose sequences end in padding (PAD), one more than the other."""
+    ids = tokens(rng)
+    ids[0, -2:], ids[1, -3:] = PAD, PAD
+    return (ids,)
+
+
 def mask() -> np.ndarray:
     return np.ones((BATCH, SEQ), np.int64)
 
@@ -315,6 +388,10 @@ ZOO: dict[str, ZooModel] = {
     "vit": ZooModel(vit, normal(3, 16, 16), "cross_entropy", classes),
     "whisper_encoder": ZooModel(whisper_encoder, normal(8, 2 * SEQ), "mse", regression),
     "lstm": ZooModel(lambda: perturbed(LSTMClassifier()), normal(SEQ, 12), "cross_entropy", classes),
+    "gru": ZooModel(lambda: perturbed(GRUClassifier()), normal(SEQ, 12), "cross_entropy", classes),
+    "torch_transformer": ZooModel(lambda: perturbed(TorchTransformer()), padded_tokens, "cross_entropy", classes),
+    "textcnn": ZooModel(lambda: perturbed(TextCNN()), padded_tokens, "cross_entropy", classes),
+    "unet": ZooModel(lambda: perturbed(UNet()), normal(3, 16, 16), "mse", regression),
     "script_loop": ZooModel(scripted_loop, normal(16), "mse", regression),
 }
 

@@ -7,6 +7,7 @@ took 43 ms of its 780 ms train step on the CPU (zero fill and update), for 256 r
 node also hands on, per such weight, the looked-up indices and the rows' gradients (`SparseRows`), and where the
 algorithm updates the weight as `Sub(W, Mul(lr, dW))` with nothing else reading dW, the walker writes only the
 rows looked up (`sgd_rows`); XLA then drops the whole-table gradient as dead code.
+A padding row zeroed in that gradient (make_trainable's ScatterND of a zero row) keeps it rows (`zeroed_rows`).
 
 Each updated row gets the same value as before: the rows' gradients are summed per distinct index in the order
 the whole-table scatter-add sums them, then scaled and subtracted as the graph says, and a row not looked up
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..ir import Node, producer, readers
-from .values import Value
+from .values import Value, is_static
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,22 @@ def sgd_rows(node: Node, args: Sequence[Value], sparse: dict[str, SparseRows], r
     if reading.get(gradient) != [made] or reading.get(step) != [position]:  # this Mul and this Sub alone
         return None
     return update_rows(args[0], sparse[gradient], rate)
+
+
+def zeroed_rows(node: Node, args: Sequence[Value], sparse: dict[str, SparseRows]) -> SparseRows | None:
+    """The rows of `ScatterND(dW, rows, zeros)` (make_trainable's padding rows, optimizers.zero_rows) where dW is
+    a lookup's SparseRows: those rows' gradients zeroed, so SGD still updates only the rows looked up; None for
+    any other node."""
+    if (node.op_type != "ScatterND" or node.domain or len(args) != 3 or node.inputs[0] not in sparse
+            or node.attributes.get("reduction", "none") != "none" or not is_static(args[1], args[2])):
+        return None
+    rows, zeros = np.asarray(args[1]), np.asarray(args[2])
+    grad = sparse[node.inputs[0]]
+    if rows.ndim != 2 or rows.shape[1] != 1 or np.any(zeros) or zeros.shape[1:] != grad.rows.shape[1:]:
+        return None
+    zeroed = jnp.isin(grad.indices, rows.ravel() % grad.base.shape[0])
+    return SparseRows(grad.base, grad.indices,
+                      jnp.where(zeroed.reshape(-1, *[1] * (grad.rows.ndim - 1)), 0, grad.rows))
 
 
 def first_occurrences(indices: Any) -> Any:

@@ -22,7 +22,7 @@ from .layout import channels_first, channels_first_results
 from .constants import hoisting, with_hoisted
 from .registry import schema_for
 from .selection import computed, plan
-from .sparse_update import SparseRows, sgd_rows
+from .sparse_update import SparseRows, sgd_rows, zeroed_rows
 from .typecheck import check_node
 from .values import Value, is_static, static_evaluation, to_static
 
@@ -199,7 +199,12 @@ def call_reordered(
     if found is not None:
         return computed(found, lambda name: channels_first(scope.visible(name)), run)
     rows = sgd_rows(node, args, trace.sparse_gradients, scope.visible, siblings, position)
-    return call_node(node, args, scope, trace, siblings, position) if rows is None else rows
+    if rows is not None:
+        return rows
+    zeroed = zeroed_rows(node, args, trace.sparse_gradients)
+    if zeroed is not None:  # a padding row's gradient zeroed: still rows (before the call, which pops args)
+        trace.sparse_gradients[node.outputs[0]] = zeroed
+    return call_node(node, args, scope, trace, siblings, position)
 
 
 def value_name_of(node: "Node", formal_input: str) -> str | None:
