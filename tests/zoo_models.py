@@ -235,7 +235,7 @@ def bert() -> nn.Module:
     config = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                         intermediate_size=64, max_position_embeddings=32, num_labels=3, hidden_dropout_prob=0.0,
                         attention_probs_dropout_prob=0.0)
-    return perturbed(Logits(BertForSequenceClassification(config), ("input_ids",)))
+    return perturbed(Logits(BertForSequenceClassification(config), ("input_ids", "attention_mask")))
 
 
 def gpt2(tied: bool = True) -> nn.Module:
@@ -284,8 +284,9 @@ def gemma() -> nn.Module:
 
 
 def roberta() -> nn.Module:
-    """BERT with positions counted from the padding index, derived from the token ids."""
-    return hugging_face("RobertaConfig", "RobertaForSequenceClassification", ("input_ids",), **ENCODER,
+    """BERT with positions counted from the padding index, derived from the token ids: a padding token's position is
+    the padding row of the position embedding, which PyTorch does not train either."""
+    return hugging_face("RobertaConfig", "RobertaForSequenceClassification", ("input_ids", "attention_mask"), **ENCODER,
                         max_position_embeddings=40, pad_token_id=1)
 
 
@@ -341,11 +342,17 @@ def tokens(rng: np.random.Generator) -> np.ndarray:
     return rng.integers(1, VOCAB, size=(BATCH, SEQ)).astype(np.int64)
 
 
-def padded_tokens(rng: np.random.Generator) -> tuple[np.ndarray]:
-    """Tokens whose sequences end in padding (PAD), one more than the other."""
-    ids = tokens(rng)
-    ids[0, -2:], ids[1, -3:] = PAD, PAD
-    return (ids,)
+def padded(pad: int = PAD, with_mask: bool = False) -> Callable[[np.random.Generator], tuple[np.ndarray, ...]]:
+    """Token ids whose two sequences end in 2 and 3 `pad` tokens (no other token is `pad`), and with_mask their
+    attention mask (0 at the padding)."""
+    def inputs(rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+        ids = rng.integers(2, VOCAB, size=(BATCH, SEQ)).astype(np.int64)
+        attention = np.ones((BATCH, SEQ), np.int64)
+        for row, count in enumerate((2, 3)):
+            ids[row, -count:], attention[row, -count:] = pad, 0
+        return (ids, attention) if with_mask else (ids,)
+
+    return inputs
 
 
 def mask() -> np.ndarray:
@@ -375,12 +382,12 @@ def regression(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
 ZOO: dict[str, ZooModel] = {
     "resnet": ZooModel(lambda: perturbed(ResNet()), normal(3, 16, 16), "cross_entropy", classes),
     "mobilenetv3": ZooModel(lambda: perturbed(MobileNetV3()), normal(3, 16, 16), "cross_entropy", classes),
-    "bert": ZooModel(bert, lambda rng: (tokens(rng),), "cross_entropy", classes),
+    "bert": ZooModel(bert, padded(with_mask=True), "cross_entropy", classes),
     "gpt2": ZooModel(gpt2, lambda rng: (tokens(rng), mask()), "mse", regression),
     "llama": ZooModel(llama, lambda rng: (tokens(rng), mask()), "mse", regression),
     "qwen2": ZooModel(qwen2, lambda rng: (tokens(rng), mask()), "mse", regression),
     "gemma": ZooModel(gemma, lambda rng: (tokens(rng), mask()), "mse", regression),
-    "roberta": ZooModel(roberta, lambda rng: (tokens(rng),), "cross_entropy", classes),
+    "roberta": ZooModel(roberta, padded(1, with_mask=True), "cross_entropy", classes),
     "albert": ZooModel(albert, lambda rng: (tokens(rng),), "cross_entropy", classes),
     "distilbert": ZooModel(distilbert, lambda rng: (tokens(rng),), "cross_entropy", classes),
     "convnext": ZooModel(convnext, normal(3, 16, 16), "cross_entropy", classes),
@@ -389,8 +396,8 @@ ZOO: dict[str, ZooModel] = {
     "whisper_encoder": ZooModel(whisper_encoder, normal(8, 2 * SEQ), "mse", regression),
     "lstm": ZooModel(lambda: perturbed(LSTMClassifier()), normal(SEQ, 12), "cross_entropy", classes),
     "gru": ZooModel(lambda: perturbed(GRUClassifier()), normal(SEQ, 12), "cross_entropy", classes),
-    "torch_transformer": ZooModel(lambda: perturbed(TorchTransformer()), padded_tokens, "cross_entropy", classes),
-    "textcnn": ZooModel(lambda: perturbed(TextCNN()), padded_tokens, "cross_entropy", classes),
+    "torch_transformer": ZooModel(lambda: perturbed(TorchTransformer()), padded(), "cross_entropy", classes),
+    "textcnn": ZooModel(lambda: perturbed(TextCNN()), padded(), "cross_entropy", classes),
     "unet": ZooModel(lambda: perturbed(UNet()), normal(3, 16, 16), "mse", regression),
     "script_loop": ZooModel(scripted_loop, normal(16), "mse", regression),
 }
