@@ -122,9 +122,14 @@ def onnxtrain_peer(folder: Path, batch: int, mixed: str | None = None,
     import onnx
 
     import onnxtrain
+    from onnxtrain.executables import source_digest
 
-    path = folder / "trainable.onnx"
-    if not path.exists():  # made once, as `onnxtrain make-trainable` writes it; the training script loads the file
+    # made once per version of onnxtrain (what make_trainable writes may change), as `onnxtrain make-trainable`
+    # writes it; the training script loads the file
+    path = folder / f"trainable-{source_digest().hex()[:12]}.onnx"
+    if not path.exists():
+        for stale in folder.glob("trainable*.onnx"):  # another version's (each as large as the model)
+            stale.unlink()
         model = onnx.load(folder / "model.onnx")
         initializers = {t.name for t in model.graph.initializer}
         parameters = json.loads((folder / "parameters.json").read_text())
