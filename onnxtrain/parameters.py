@@ -264,6 +264,13 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> No
             f"parameter into a constant (token-type embeddings); each copy would train on its own, where the "
             f"source model sums their gradients. Export with torch.onnx.export(..., dynamo=True, optimize=False)"),
             stacklevel=4)
+    computed = computed_weights(model.graph, set(chosen))
+    if computed:
+        warnings.warn(ParameterizationWarning(
+            f"{', '.join(computed)}: a weight the source model computes from its parameters (a parametrization: "
+            f"weight_norm's g * v / |v|, spectral_norm), which the exporter computed once and folded into a plain "
+            f"tensor; training it trains that tensor, not the parameters. Export with torch.onnx.export(..., "
+            f"dynamo=True, optimize=False) (onnxtrain.from_torch) to keep them"), stacklevel=4)
     folded = folded_batchnorm(model.graph, set(chosen))
     if folded:
         warnings.warn(ParameterizationWarning(
@@ -272,6 +279,34 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> No
             f"W*gamma/sqrt(var+eps) and bias would train instead, another parameterisation. To keep BatchNorm, "
             f"{KEEP_BATCH_NORM}"),
             stacklevel=4)
+
+
+# The argument that is the weight, in the calls that read one (the dynamo exporter's record of each node)
+WEIGHT_ARGUMENTS = {f"torch.ops.aten.{call}": 1 for call in (
+    "linear.default", "conv1d.default", "conv2d.default", "conv3d.default", "convolution.default",
+    "conv_transpose1d.default", "conv_transpose2d.input", "conv_transpose3d.input")}
+FX_ARGUMENTS = re.compile(r"\]\(args = \((.*)\), kwargs")
+
+
+def computed_weights(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:
+    """Chosen initializers that a recorded linear or convolution call reads where its weight argument is a value
+    computed in the source model (not a parameter's placeholder p_<name>): a parametrization the exporter folded."""
+    found: dict[str, str] = {}
+    for node in graph.node:
+        provenance = {p.key: p.value for p in node.metadata_props}.get(FX_NODE, "")
+        call, arguments = FX_CALL.search(provenance), FX_ARGUMENTS.search(provenance)
+        if not (call and arguments and call.group(1) in WEIGHT_ARGUMENTS):
+            continue
+        names = [a.strip() for a in arguments.group(1).split(",")]
+        position = WEIGHT_ARGUMENTS[call.group(1)]
+        weight = names[position] if len(names) > position else ""
+        if not weight.startswith("%") or weight.startswith("%p_"):
+            continue
+        parameters = {re.sub(r"\W", "_", n[3:]) for n in names if n.startswith("%p_")}
+        for name in node.input:
+            if name in chosen and re.sub(r"\W", "_", name) not in parameters:
+                found.setdefault(name, f"{name} (the weight {weight} of {call.group(1).removeprefix('torch.ops.aten.')})")
+    return list(found.values())
 
 
 def folded_batchnorm(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:

@@ -161,3 +161,18 @@ def test_group_norms_unit_scales_are_settings():
                                                "gamma": np.full((2, 1), 1.5)})
     model.graph.initializer.append(numpy_helper.from_array(np.array([1, 2, 6], np.int64), "shape"))
     assert default_set(model) == ["gamma"]
+
+
+@pytest.mark.parametrize("weight, warned", [("%mul", True), ("%p_linear_weight", False)])
+def test_a_folded_parametrization_is_warned_about(weight, warned):
+    """weight_norm's g * v / |v|, computed by the source model and folded by the exporter into a val_N: the
+    recorded linear's weight argument is that computed value, not a parameter's placeholder."""
+    call = ("linear.default", f"%x, {weight}, %p_linear_bias")
+    nodes = [recorded(helper.make_node("MatMul", ["X", "val_3"], ["P"]), *call),
+             recorded(helper.make_node("Add", ["P", "linear.bias"], ["Y"]), *call)]
+    model = model_of(nodes, {"X": [2, 3]}, {"val_3": np.arange(12.0).reshape(3, 4), "linear.bias": np.ones(4) / 3})
+    with pytest.warns(onnxtrain.ParameterizationWarning, match=r"val_3 \(the weight %mul of linear.default\)") \
+            if warned else warnings.catch_warnings():
+        if not warned:
+            warnings.simplefilter("error", onnxtrain.ParameterizationWarning)
+        assert select_trainable(model, None) == ["val_3", "linear.bias"]

@@ -74,6 +74,7 @@ WARNED: dict[tuple[str, str], str] = {
     ("albert", "dynamo"): r"plain copy|equal slices",
     ("t5", "torchscript"): UNTIED,
     ("vit", "dynamo"): r"expand \(along axis 0\): equal slices",  # cls_token broadcast to [2, 1, 32]
+    ("weight_norm", "dynamo"): "computes from its parameters",  # g * v / |v| folded into one tensor
 }
 
 # model -> the ParameterizationWarning of the recipe: Gemma's tied embedding has a padding row that the output

@@ -157,6 +157,18 @@ class GRUClassifier(nn.Module):
         return self.head(self.norm(out.transpose(1, 2))[:, :, -1])
 
 
+class WeightNormed(nn.Module):
+    """A linear layer under weight_norm's parametrization (weight = g * v / |v|, g and v the parameters)."""
+
+    def __init__(self, classes: int = 5):
+        super().__init__()
+        self.linear = nn.utils.parametrizations.weight_norm(nn.Linear(12, 16))
+        self.head = nn.Linear(16, classes)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.linear(x)).mean(1))
+
+
 class TorchTransformer(nn.Module):
     """PyTorch's own nn.TransformerEncoder (scaled_dot_product_attention inside) over an embedding with a padding
     row, fed padded sequences: PyTorch never trains that row."""
@@ -396,6 +408,7 @@ ZOO: dict[str, ZooModel] = {
     "whisper_encoder": ZooModel(whisper_encoder, normal(8, 2 * SEQ), "mse", regression),
     "lstm": ZooModel(lambda: perturbed(LSTMClassifier()), normal(SEQ, 12), "cross_entropy", classes),
     "gru": ZooModel(lambda: perturbed(GRUClassifier()), normal(SEQ, 12), "cross_entropy", classes),
+    "weight_norm": ZooModel(lambda: perturbed(WeightNormed()), normal(SEQ, 12), "cross_entropy", classes),
     "torch_transformer": ZooModel(lambda: perturbed(TorchTransformer()), padded(), "cross_entropy", classes),
     "textcnn": ZooModel(lambda: perturbed(TextCNN()), padded(), "cross_entropy", classes),
     "unet": ZooModel(lambda: perturbed(UNet()), normal(3, 16, 16), "mse", regression),
