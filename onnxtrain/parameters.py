@@ -238,47 +238,44 @@ def check_names(model: onnx.ModelProto, names: list[str]) -> None:
         )
 
 
+KEEP_PARAMETERS = "Export with torch.onnx.export(..., dynamo=True, optimize=False) (onnxtrain.from_torch)"
+
+
 def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> None:
-    """Warn, once per kind, about chosen initializers the exporter merged, untied or broadcast."""
+    """Warn, once per kind, about chosen initializers the exporter merged, untied, broadcast or folded."""
     used = uses(model.graph)
     arrays = DecodedOnRead({t.name: t for t in model.graph.initializer if t.name in set(chosen)})
     merged = [f"{n} (every element {a.flat[0]:g}, read by {len(used[n])} nodes)" for n, a in arrays.items()
               if a.size > 1 and len(used.get(n, [])) > 1 and np.all(a == a.flat[0])]
-    if merged:
-        warnings.warn(ParameterizationWarning(
-            f"{', '.join(merged)}: exporters merge equal-valued initializers (a freshly initialized model's zero "
-            f"biases and unit norm scales) into one, which then trains as one parameter shared by every layer "
-            f"that reads it. If they were distinct parameters, export with torch.onnx.export(..., dynamo=True, "
-            f"optimize=False) or give them distinct values before exporting"), stacklevel=4)
-    untied = untied_copies(arrays)
-    if untied:
-        warnings.warn(ParameterizationWarning(
-            f"{', '.join(f'{b} is a {how} copy of {a}' for a, b, how in untied)}: the exporter copied a weight "
-            f"the source model uses more than once (an embedding tied to the output layer, a layer shared by "
-            f"several layers as ALBERT's); the copies would train apart. "
-            f"Export with torch.onnx.export(..., dynamo=True, optimize=False) to keep one weight"), stacklevel=4)
+    untied = [f"{b} is a {how} copy of {a}" for a, b, how in untied_copies(arrays)]
     repeated = [f"{n} (along axis {axis})" for n, a in arrays.items() for axis in repeated_axes(a)[:1]]
-    if repeated:
-        warnings.warn(ParameterizationWarning(
-            f"{', '.join(repeated)}: equal slices, as when the exporter folds a broadcast or a gathered row of a "
-            f"parameter into a constant (token-type embeddings); each copy would train on its own, where the "
-            f"source model sums their gradients. Export with torch.onnx.export(..., dynamo=True, optimize=False)"),
-            stacklevel=4)
-    computed = computed_weights(model.graph, set(chosen))
-    if computed:
-        warnings.warn(ParameterizationWarning(
-            f"{', '.join(computed)}: a weight the source model computes from its parameters (a parametrization: "
-            f"weight_norm's g * v / |v|, spectral_norm), which the exporter computed once and folded into a plain "
-            f"tensor; training it trains that tensor, not the parameters. Export with torch.onnx.export(..., "
-            f"dynamo=True, optimize=False) (onnxtrain.from_torch) to keep them"), stacklevel=4)
     folded = folded_batchnorm(model.graph, set(chosen))
-    if folded:
-        warnings.warn(ParameterizationWarning(
-            f"{', '.join(folded[:6])}{' ...' if len(folded) > 6 else ''} ({len(folded)} Conv weights): BatchNorm "
-            f"folded into Conv by the exporter: the BatchNorm's scale and shift are gone and the fused kernel "
-            f"W*gamma/sqrt(var+eps) and bias would train instead, another parameterisation. To keep BatchNorm, "
-            f"{KEEP_BATCH_NORM}"),
-            stacklevel=4)
+    keep = KEEP_PARAMETERS
+    kinds = [
+        (", ".join(merged),
+         "exporters merge equal-valued initializers (a freshly initialized model's zero biases and unit norm "
+         "scales) into one, which then trains as one parameter shared by every layer that reads it. If they were "
+         f"distinct parameters, {keep[0].lower()}{keep[1:]}, or give them distinct values before exporting"),
+        (", ".join(untied),
+         "the exporter copied a weight the source model uses more than once (an embedding tied to the output "
+         "layer, a layer shared by several layers as ALBERT's); the copies would train apart. "
+         f"{keep} to keep one weight"),
+        (", ".join(repeated),
+         "equal slices, as when the exporter folds a broadcast or a gathered row of a parameter into a constant "
+         "(token-type embeddings); each copy would train on its own, where the source model sums their "
+         f"gradients. {keep}"),
+        (", ".join(computed_weights(model.graph, set(chosen))),
+         "a weight the source model computes from its parameters (a parametrization: weight_norm's g * v / |v|, "
+         "spectral_norm), which the exporter computed once and folded into a plain tensor; training it trains "
+         f"that tensor, not the parameters. {keep} to keep them"),
+        (f"{', '.join(folded[:6])}{' ...' if len(folded) > 6 else ''} ({len(folded)} Conv weights)" if folded else "",
+         "BatchNorm folded into Conv by the exporter: the BatchNorm's scale and shift are gone and the fused "
+         "kernel W*gamma/sqrt(var+eps) and bias would train instead, another parameterisation. To keep "
+         f"BatchNorm, {KEEP_BATCH_NORM}"),
+    ]
+    for names, why in kinds:
+        if names:
+            warnings.warn(ParameterizationWarning(f"{names}: {why}"), stacklevel=4)
 
 
 # The argument that is the weight, in the calls that read one (the dynamo exporter's record of each node)
