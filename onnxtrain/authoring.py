@@ -112,13 +112,16 @@ def dims(value_type: onnx.TypeProto) -> list[int | str | None] | None:
 
 
 def add_loss(b: Builder, graph: onnx.GraphProto, loss: str, prediction: str, ignore_index: int | None,
-             class_axis: int | None) -> list[onnx.ValueInfoProto]:
+             class_axis: int | None, label_smoothing: float = 0.0, opset: int = 18) -> list[onnx.ValueInfoProto]:
     """Append loss nodes producing `loss`; returns the algorithm inputs (the target, if any). The options are
     checked against the declared output first, so a mismatch fails here rather than at the first step."""
     if not isinstance(loss, str) or loss not in LOSSES and not loss.startswith("output:"):
         raise AuthoringError(f"loss must be one of {LOSSES} or 'output:NAME', got {loss!r}")
-    if loss != "cross_entropy" and (ignore_index is not None or class_axis is not None):
-        raise AuthoringError(f"ignore_index and class_axis apply to loss='cross_entropy', not {loss!r}")
+    if loss != "cross_entropy" and (ignore_index is not None or class_axis is not None or label_smoothing):
+        raise AuthoringError(f"ignore_index, class_axis and label_smoothing apply to loss='cross_entropy', not "
+                             f"{loss!r}")
+    if not (is_number(label_smoothing) and 0 <= label_smoothing <= 1):
+        raise AuthoringError(f"label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
     if loss.startswith("output:"):
         name = loss.partition(":")[2]
         float_tensor(graph, name, "loss output")
@@ -131,7 +134,8 @@ def add_loss(b: Builder, graph: onnx.GraphProto, loss: str, prediction: str, ign
         b.node("ReduceMean", ["loss.sq"], ["loss"], keepdims=0)
         return [helper.make_value_info("target", pred_type)]
     if loss == "cross_entropy":
-        return add_cross_entropy(b, prediction, dims(pred_type), ignore_index, 1 if class_axis is None else class_axis)
+        return add_cross_entropy(b, prediction, dims(pred_type), ignore_index, 1 if class_axis is None else class_axis,
+                                 float(label_smoothing), opset)
     # bce_logits: mean(max(x, 0) - x * t + log(1 + exp(-|x|))), the overflow-free form of BCE on logits
     b.node("Relu", [prediction], ["loss.pos"])
     b.node("Mul", [prediction, "target"], ["loss.xt"])
@@ -145,10 +149,12 @@ def add_loss(b: Builder, graph: onnx.GraphProto, loss: str, prediction: str, ign
 
 
 def add_cross_entropy(b: Builder, prediction: str, shape: list | None, ignore_index: int | None,
-                      class_axis: int) -> list[onnx.ValueInfoProto]:
+                      class_axis: int, label_smoothing: float = 0.0, opset: int = 18) -> list[onnx.ValueInfoProto]:
     """Softmax cross-entropy over `class_axis` of the scores against int64 class labels (the scores' shape less
     that axis), averaged over the labels that are not `ignore_index`, as torch.nn.functional.cross_entropy.
-    SoftmaxCrossEntropyLoss wants the classes on axis 1, so another class axis is transposed there first."""
+    SoftmaxCrossEntropyLoss wants the classes on axis 1, so another class axis is transposed there first. With
+    `label_smoothing` e, torch's: (1 - e) times that plus e times the mean over the same labels of
+    -mean(log_softmax) over the classes (the cross-entropy against a uniform target)."""
     if shape is None:
         if class_axis != 1:
             raise AuthoringError(f"class_axis={class_axis}: prediction {prediction!r} has no declared rank")
@@ -171,7 +177,33 @@ def add_cross_entropy(b: Builder, prediction: str, shape: list | None, ignore_in
             b.node("Transpose", [prediction], ["loss.scores"], perm=perm)
             prediction = "loss.scores"
     extra = {} if ignore_index is None else {"ignore_index": ignore_index}
-    b.node("SoftmaxCrossEntropyLoss", [prediction, "target"], ["loss"], reduction="mean", **extra)
+    if not label_smoothing:
+        b.node("SoftmaxCrossEntropyLoss", [prediction, "target"], ["loss"], reduction="mean", **extra)
+        return [helper.make_tensor_value_info("target", TensorProto.INT64, label_shape)]
+    b.node("SoftmaxCrossEntropyLoss", [prediction, "target"], ["loss.nll", "loss.log_prob"], reduction="mean",
+           **extra)
+    if opset >= 18:  # per label: its scores' mean log-probability (ReduceMean's axes an input since opset 18)
+        axes = numpy_helper.from_array(np.array([1], np.int64), "loss.class_axes")
+        b.initializers.append(axes)
+        b.node("ReduceMean", ["loss.log_prob", axes.name], ["loss.mean_log_prob"], keepdims=0)
+    else:
+        b.node("ReduceMean", ["loss.log_prob"], ["loss.mean_log_prob"], axes=[1], keepdims=0)
+    b.node("Cast", ["loss.mean_log_prob"], ["loss.uniform_each"], to=TensorProto.FLOAT)
+    if ignore_index is None:
+        b.node("ReduceMean", ["loss.uniform_each"], ["loss.uniform_negative"], keepdims=0)
+    else:  # the mean over the labels that count, as the nll's
+        b.node("Equal", ["target", b.scalar("ignore_index", ignore_index, TensorProto.INT64)], ["loss.ignored"])
+        b.node("Not", ["loss.ignored"], ["loss.counted"])
+        b.node("Cast", ["loss.counted"], ["loss.weight"], to=TensorProto.FLOAT)
+        b.node("Mul", ["loss.uniform_each", "loss.weight"], ["loss.uniform_kept"])
+        b.node("ReduceSum", ["loss.uniform_kept"], ["loss.uniform_sum"], keepdims=0)
+        b.node("ReduceSum", ["loss.weight"], ["loss.count"], keepdims=0)
+        b.node("Div", ["loss.uniform_sum", "loss.count"], ["loss.uniform_negative"])
+    b.node("Cast", ["loss.nll"], ["loss.nll_float"], to=TensorProto.FLOAT)
+    b.node("Mul", ["loss.nll_float", b.scalar("kept", 1 - label_smoothing, TensorProto.FLOAT)], ["loss.hard"])
+    b.node("Mul", ["loss.uniform_negative", b.scalar("smoothing", label_smoothing, TensorProto.FLOAT)],
+           ["loss.soft_negative"])
+    b.node("Sub", ["loss.hard", "loss.soft_negative"], ["loss"])
     return [helper.make_tensor_value_info("target", TensorProto.INT64, label_shape)]
 
 
@@ -191,6 +223,7 @@ def make_trainable(
     clip_grad_norm: float | None = None,
     accumulate: int = 1,
     padding_idx: Mapping[str, int] | None = None,
+    label_smoothing: float = 0.0,
     **optimizer_options: float,
 ) -> onnx.ModelProto:
     """A copy of `model` carrying one TrainingInfoProto that trains `trainable` on `loss` between `prediction`
@@ -203,7 +236,8 @@ def make_trainable(
     names when exported with dynamo=True, optimize=False). A ParameterizationWarning says where the exporter
     merged, untied or broadcast parameters. `loss`: "mse", "bce_logits", "cross_entropy" (int64 labels;
     `class_axis` where the scores hold the classes, default 1 as in PyTorch, -1 for [batch, seq, vocab] logits;
-    `ignore_index` labels, e.g. Hugging Face's -100, count in neither sum nor mean) or "output:NAME" (a model
+    `ignore_index` labels, e.g. Hugging Face's -100, count in neither sum nor mean; `label_smoothing` as
+    torch's) or "output:NAME" (a model
     output that is already the loss). The rate is the algorithm input `learning_rate`, whose initializer is the
     default: feed it to schedule.
 
@@ -236,7 +270,8 @@ def make_trainable(
     b = Builder()
     if train_mode:
         prediction, loss = add_training_forward(b, result, prediction, loss)
-    inputs = add_loss(b, graph, loss, prediction, ignore_index, class_axis)
+    opset = next((o.version for o in result.opset_import if o.domain in ("", "ai.onnx")), 1)
+    inputs = add_loss(b, graph, loss, prediction, ignore_index, class_axis, label_smoothing, opset)
     params = select_trainable(result, trainable)
     # the update reads each weight's shape and dtype, never its values: zero-stride stand-ins, not a decoded copy
     weights = {t.name: np.broadcast_to(np.zeros((), helper.tensor_dtype_to_np_dtype(t.data_type)), tuple(t.dims))

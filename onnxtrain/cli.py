@@ -152,7 +152,8 @@ def cmd_make_trainable(args: argparse.Namespace) -> None:
                                trainable=args.trainable, prediction=args.prediction, ignore_index=args.ignore_index,
                                class_axis=args.class_axis, reinitialize=args.reinitialize,
                                train_mode=args.train_mode, weight_decay=args.weight_decay, no_decay=args.no_decay,
-                               clip_grad_norm=args.clip_grad_norm, accumulate=args.accumulate, **options)
+                               clip_grad_norm=args.clip_grad_norm, accumulate=args.accumulate,
+                               label_smoothing=args.label_smoothing, **options)
     save_atomic(trainable, Path(args.output))
     print(f"wrote {args.output}: loss {args.loss}, optimizer {args.optimizer}, learning rate {args.lr}")
 
@@ -222,6 +223,7 @@ def parser() -> argparse.ArgumentParser:
     author.add_argument("--class-axis", type=int, help="cross_entropy: the scores' class axis (default 1; -1 for "
                         "[batch, seq, vocab] logits)")
     author.add_argument("--ignore-index", type=int, help="cross_entropy: a label to ignore (Hugging Face: -100)")
+    author.add_argument("--label-smoothing", type=float, default=0.0, help="cross_entropy: torch's label_smoothing")
     author.add_argument("--alpha", type=float)
     author.add_argument("--beta", type=float)
     author.add_argument("--epsilon", type=float)

@@ -273,6 +273,53 @@ def test_cross_entropy_over_the_last_axis_with_ignored_labels_matches_pytorch():
     np.testing.assert_allclose(np.asarray(engine.state["W"]), w - LR * weight.grad.numpy(), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("opset", [17, 18])  # ReduceMean's axes: an attribute, then an input
+@pytest.mark.parametrize("class_axis, ignore_index", [(1, None), (-1, -100), (1, 2)])
+def test_label_smoothing_trains_as_pytorchs(opset, class_axis, ignore_index):
+    """label_smoothing=0.1 as F.cross_entropy's: (1 - e) nll + e mean(-log_softmax) over the classes, both averaged
+    over the labels that are not ignored; losses and weights over three SGD steps."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(opset + class_axis)
+    w = rng.normal(size=(6, 5)).astype(np.float32)
+    rows = [3, 4] if class_axis == -1 else [3]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])], "scores",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [*rows, 6])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [*rows, 5])], [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    engine = onnxtrain.load(onnxtrain.make_trainable(
+        model, loss="cross_entropy", optimizer="sgd", learning_rate=0.5, label_smoothing=0.1,
+        **({"class_axis": -1} if class_axis == -1 else {}), **({} if ignore_index is None else
+                                                                {"ignore_index": ignore_index})))
+    x = rng.normal(size=(*rows, 6)).astype(np.float32)
+    labels = np.array([0, 2, 4] if class_axis == 1 else [[0, 1, 2, 3], [4, 0, 1, 2], [3, 4, 0, 1]], np.int64)
+    if ignore_index is not None:
+        labels.flat[1] = ignore_index
+    weight = torch.from_numpy(w.copy()).requires_grad_()
+    optimizer = torch.optim.SGD([weight], lr=0.5)
+    for _ in range(3):
+        loss = float(engine.train_step({"X": x, "target": labels})["loss"])
+        optimizer.zero_grad()
+        scores = torch.from_numpy(x) @ weight
+        expected = F.cross_entropy(scores.reshape(-1, 5), torch.from_numpy(labels).reshape(-1), label_smoothing=0.1,
+                                   ignore_index=-100 if ignore_index is None else ignore_index)
+        expected.backward()
+        optimizer.step()
+        np.testing.assert_allclose(loss, expected.item(), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(engine.state["W"]), weight.detach().numpy(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"loss": "mse", "label_smoothing": 0.1}, "label_smoothing apply to loss='cross_entropy', not 'mse'"),
+    ({"loss": "cross_entropy", "label_smoothing": 1.5}, r"label_smoothing must be a number in \[0, 1\], got 1.5"),
+    ({"loss": "cross_entropy", "label_smoothing": "0.1"}, "label_smoothing must be a number"),
+])
+def test_a_wrong_label_smoothing_is_refused(options, message):
+    with pytest.raises(onnxtrain.errors.AuthoringError, match=message):
+        onnxtrain.make_trainable(linear_model(), **options)
+
+
 def test_a_trainable_pattern_that_is_no_regular_expression_is_an_authoring_error():
     from onnxtrain.errors import AuthoringError
 

@@ -105,6 +105,8 @@ def test_make_trainable_then_train(tmp_path):
                           "learning_rate must be a finite number >= 0")
     assert_user_error(cli("make-trainable", tmp_path / "lin.onnx", "--loss", "cross_entropy", "--class-axis", "3",
                           "-o", tmp_path / "x.onnx"), "class_axis=3 is not a class axis of prediction 'Y'")
+    assert_user_error(cli("make-trainable", tmp_path / "lin.onnx", "--label-smoothing", "0.1", "-o",
+                          tmp_path / "x.onnx"), "label_smoothing apply to loss='cross_entropy', not 'mse'")
 
 
 def test_export_applies_a_state_checkpoint(tmp_path):
