@@ -27,7 +27,7 @@ from .optimizers import is_integer
 from .parameters import FX_NODE, ParameterizationWarning, uses
 
 # aten.embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False); -1: no padding row
-EMBEDDING_CALL = re.compile(r"aten\.embedding\.default\]\(args = \(%[\w.]+, %[\w.]+, (-?\d+)")
+EMBEDDING_CALL = re.compile(r"aten\.embedding\.default\]\(args = \(%[\w.]+, %[\w.]+, (-?\d+)(, True)?")
 
 
 def exported_padding_rows(graph: onnx.GraphProto) -> dict[str, int]:
@@ -41,9 +41,24 @@ def exported_padding_rows(graph: onnx.GraphProto) -> dict[str, int]:
     return found
 
 
+def frequency_scaled(graph: onnx.GraphProto) -> list[str]:
+    """Tables the dynamo exporter records as looked up with scale_grad_by_freq=True."""
+    return [node.input[0] for node in graph.node if node.op_type == "Gather" and (match := EMBEDDING_CALL.search(
+        {p.key: p.value for p in node.metadata_props}.get(FX_NODE, ""))) and match.group(2)]
+
+
 def padding_rows(model: onnx.ModelProto, params: list[str], padding_idx: Mapping[str, int] | None,
                  shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
-    """The padding row of each trained table to mask: `padding_idx` as given (checked), or the exporter's."""
+    """The padding row of each trained table to mask: `padding_idx` as given (checked), or the exporter's. Warns
+    about a trained table PyTorch scales the gradient of by the lookups' frequencies in the batch
+    (scale_grad_by_freq), which ONNX's Gather has no notion of either, and which is not reproduced."""
+    scaled = [table for table in frequency_scaled(model.graph) if table in params]
+    if scaled:
+        warnings.warn(ParameterizationWarning(
+            f"{', '.join(scaled)}: looked up with scale_grad_by_freq=True, whose gradient PyTorch divides by each "
+            f"index's count in the batch; the ONNX Gradient sums the lookups' gradients unscaled, so these train "
+            f"differently (construct the embedding without scale_grad_by_freq to train as PyTorch would)"),
+            stacklevel=3)
     if padding_idx is None:
         found = exported_padding_rows(model.graph)
         return {table: row for table, row in found.items() if table in params and masked_alone(model, table)}

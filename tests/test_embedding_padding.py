@@ -41,6 +41,25 @@ def test_the_dynamo_exporters_record_of_padding_idx_is_read(padding_idx, expecte
     assert exported_padding_rows(onnx.load(tmp_path / "t.onnx").graph) == {}
 
 
+@pytest.mark.parametrize("scaled", [True, False])
+def test_a_table_looked_up_with_frequency_scaled_gradients_is_warned_about(scaled, tmp_path):
+    """scale_grad_by_freq divides each row's gradient by its index's count in the batch in PyTorch; the ONNX
+    Gradient does not, and the dynamo exporter's record says so."""
+    module = torch.nn.Sequential(torch.nn.Embedding(10, 4, padding_idx=2, scale_grad_by_freq=scaled),
+                                 torch.nn.Linear(4, 2))
+    torch.onnx.export(module, (torch.tensor([[1, 2, 2]]),), tmp_path / "m.onnx", dynamo=True)
+    model = onnx.load(tmp_path / "m.onnx")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainable = onnxtrain.make_trainable(model, loss="mse", optimizer="sgd")
+    said = [str(w.message) for w in caught if issubclass(w.category, onnxtrain.ParameterizationWarning)]
+    assert said == (["0.weight: looked up with scale_grad_by_freq=True, whose gradient PyTorch divides by each "
+                     "index's count in the batch; the ONNX Gradient sums the lookups' gradients unscaled, so these "
+                     "train differently (construct the embedding without scale_grad_by_freq to train as PyTorch "
+                     "would)"] if scaled else [])
+    assert [n.op_type for n in trainable.training_info[0].algorithm.node].count("ScatterND") == 1  # row 2 masked
+
+
 @pytest.mark.parametrize("padding_idx, message", [
     ([1], "padding_idx is a mapping {embedding table: padding row}, not list"),
     ({"F": 1}, "padding_idx: 'F' is not a trained parameter"),
