@@ -18,33 +18,34 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import onnx
 
 from .errors import AuthoringError
 from .optimizers import is_integer
-from .parameters import FX_NODE, ParameterizationWarning, uses
+from .parameters import ParameterizationWarning, recorded_call, uses
 
 # aten.embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False); -1: no padding row
 EMBEDDING_CALL = re.compile(r"aten\.embedding\.default\]\(args = \(%[\w.]+, %[\w.]+, (-?\d+)(, True)?")
 
 
+def embedding_lookups(graph: onnx.GraphProto) -> Iterator[tuple[str, re.Match]]:
+    """(table, the recorded aten.embedding call) of each Gather the dynamo exporter made from an embedding."""
+    for node in graph.node:
+        call = EMBEDDING_CALL.search(recorded_call(node)) if node.op_type == "Gather" else None
+        if call:
+            yield node.input[0], call
+
+
 def exported_padding_rows(graph: onnx.GraphProto) -> dict[str, int]:
     """{table: padding row} of the Gathers the dynamo exporter made from an embedding with a padding_idx."""
-    found = {}
-    for node in graph.node:
-        provenance = {p.key: p.value for p in node.metadata_props}.get(FX_NODE, "")
-        match = EMBEDDING_CALL.search(provenance) if node.op_type == "Gather" else None
-        if match and int(match.group(1)) >= 0:
-            found[node.input[0]] = int(match.group(1))
-    return found
+    return {table: int(call.group(1)) for table, call in embedding_lookups(graph) if int(call.group(1)) >= 0}
 
 
 def frequency_scaled(graph: onnx.GraphProto) -> list[str]:
     """Tables the dynamo exporter records as looked up with scale_grad_by_freq=True."""
-    return [node.input[0] for node in graph.node if node.op_type == "Gather" and (match := EMBEDDING_CALL.search(
-        {p.key: p.value for p in node.metadata_props}.get(FX_NODE, ""))) and match.group(2)]
+    return [table for table, call in embedding_lookups(graph) if call.group(2)]
 
 
 def padding_rows(model: onnx.ModelProto, params: list[str], padding_idx: Mapping[str, int] | None,

@@ -155,6 +155,13 @@ def constants(model: onnx.ModelProto) -> dict[str, str]:
 # The dynamo exporter records on each node the PyTorch call it comes from (torch.export's FX node, as text)
 FX_NODE = "pkg.torch.onnx.fx_node"
 FX_CALL = re.compile(r"target=([\w.]+)\]")
+
+
+def recorded_call(node: onnx.NodeProto) -> str:
+    """The dynamo exporter's record of the PyTorch call `node` comes from ("" where there is none)."""
+    return {p.key: p.value for p in node.metadata_props}.get(FX_NODE, "")
+
+
 SDPA = "torch.ops.aten.scaled_dot_product_attention.default"
 GROUP_NORM = "torch.ops.aten.group_norm.default"
 # (call, op_type, input index) -> the largest such constant: where a call's ONNX decomposition reads a constant
@@ -172,7 +179,7 @@ def made_inside_calls(graph: onnx.GraphProto) -> dict[str, str]:
     sizes = {t.name: int(np.prod(t.dims)) for t in graph.initializer}
     readers: dict[str, list[str]] = defaultdict(list)  # name -> per reading, the call that made it, or ""
     for node in graph.node:
-        call = FX_CALL.search({p.key: p.value for p in node.metadata_props}.get(FX_NODE, ""))
+        call = FX_CALL.search(recorded_call(node))
         for index, name in enumerate(node.input):
             key = (call.group(1) if call else "", node.op_type, index)
             largest = CALL_CONSTANT_INPUTS.get(key, 0)
@@ -290,7 +297,7 @@ def computed_weights(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:
     computed in the source model (not a parameter's placeholder p_<name>): a parametrization the exporter folded."""
     found: dict[str, str] = {}
     for node in graph.node:
-        provenance = {p.key: p.value for p in node.metadata_props}.get(FX_NODE, "")
+        provenance = recorded_call(node)
         call, arguments = FX_CALL.search(provenance), FX_ARGUMENTS.search(provenance)
         if not (call and arguments and call.group(1) in WEIGHT_ARGUMENTS):
             continue
