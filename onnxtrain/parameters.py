@@ -162,6 +162,23 @@ def recorded_call(node: onnx.NodeProto) -> str:
     return {p.key: p.value for p in node.metadata_props}.get(FX_NODE, "")
 
 
+FX_ARGUMENTS = re.compile(r"\]\(args = \((.*)\), kwargs")
+
+
+def call_arguments(record: str) -> list[str]:
+    """The positional arguments of a recorded call, as written ("%x", "None", "[16]", "[%zeros, %zeros_1]"): split
+    at the commas outside brackets, since list arguments hold commas of their own."""
+    found = FX_ARGUMENTS.search(record)
+    arguments, depth, start = [], 0, 0
+    text = found.group(1) if found else ""
+    for i, char in enumerate(text):
+        depth += {"[": 1, "(": 1, "]": -1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            arguments.append(text[start:i].strip())
+            start = i + 1
+    return arguments + [text[start:].strip()] if text.strip() else arguments
+
+
 SDPA = "torch.ops.aten.scaled_dot_product_attention.default"
 GROUP_NORM = "torch.ops.aten.group_norm.default"
 # (call, op_type, input index) -> the largest such constant: where a call's ONNX decomposition reads a constant
@@ -171,20 +188,32 @@ GROUP_NORM = "torch.ops.aten.group_norm.default"
 # parameters by Mul and Add. Names do not tell: the optimizing exporter names both them and folded weights val_N.
 CALL_CONSTANT_INPUTS = {(SDPA, "Mul", 0): 1, (SDPA, "Mul", 1): 1,
                         (GROUP_NORM, "InstanceNormalization", 1): None, (GROUP_NORM, "InstanceNormalization", 2): None}
+LAYER_NORM = "torch.ops.aten.layer_norm.default"
+EMBEDDING_BAGS = ("torch.ops.aten.embedding_bag.default", "torch.ops.aten.embedding_bag.padding_idx")
+# (call, op_type, input index) -> the position of the call's argument that input stands for: where the call got
+# None there, its decomposition reads a default of its own, which no parameter of the source model holds. A norm
+# without affine parameters (LayerNorm(elementwise_affine=False), GroupNorm(affine=False)) scales by ones and
+# shifts by zeros; embedding_bag without per_sample_weights multiplies the rows it sums by ones.
+DEFAULTED_INPUTS = {(LAYER_NORM, "LayerNormalization", 1): 2, (LAYER_NORM, "LayerNormalization", 2): 3,
+                    (GROUP_NORM, "Mul", 1): 2, (GROUP_NORM, "Add", 1): 3,
+                    **{(call, "Mul", 1): 6 for call in EMBEDDING_BAGS}}
 
 
 def made_inside_calls(graph: onnx.GraphProto) -> dict[str, str]:
     """Initializers of the main graph read only where the recorded PyTorch call's decomposition reads a constant
-    of its own (CALL_CONSTANT_INPUTS), each with the reason."""
+    of its own (CALL_CONSTANT_INPUTS, DEFAULTED_INPUTS), each with the reason."""
     sizes = {t.name: int(np.prod(t.dims)) for t in graph.initializer}
     readers: dict[str, list[str]] = defaultdict(list)  # name -> per reading, the call that made it, or ""
     for node in graph.node:
-        call = FX_CALL.search(recorded_call(node))
+        record = recorded_call(node)
+        call, arguments = FX_CALL.search(record), call_arguments(record)
         for index, name in enumerate(node.input):
             key = (call.group(1) if call else "", node.op_type, index)
             largest = CALL_CONSTANT_INPUTS.get(key, 0)
             own = key in CALL_CONSTANT_INPUTS and name in sizes and (largest is None or sizes[name] <= largest)
-            readers[name].append(key[0] if own else "")
+            position = DEFAULTED_INPUTS.get(key, len(arguments))
+            defaulted = position < len(arguments) and arguments[position] == "None"
+            readers[name].append(key[0] if own or defaulted else "")
     used = uses(graph)
     return {name: f"made by the exporter inside {', '.join(sorted(set(calls)))}" for name, calls in readers.items()
             if name in sizes and all(calls) and len(calls) == len(used[name])}
@@ -289,19 +318,15 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> No
 WEIGHT_ARGUMENTS = {f"torch.ops.aten.{call}": 1 for call in (
     "linear.default", "conv1d.default", "conv2d.default", "conv3d.default", "convolution.default",
     "conv_transpose1d.default", "conv_transpose2d.input", "conv_transpose3d.input")}
-FX_ARGUMENTS = re.compile(r"\]\(args = \((.*)\), kwargs")
-
-
 def computed_weights(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:
     """Chosen initializers that a recorded linear or convolution call reads where its weight argument is a value
     computed in the source model (not a parameter's placeholder p_<name>): a parametrization the exporter folded."""
     found: dict[str, str] = {}
     for node in graph.node:
         provenance = recorded_call(node)
-        call, arguments = FX_CALL.search(provenance), FX_ARGUMENTS.search(provenance)
-        if not (call and arguments and call.group(1) in WEIGHT_ARGUMENTS):
+        call, names = FX_CALL.search(provenance), call_arguments(provenance)
+        if not (call and names and call.group(1) in WEIGHT_ARGUMENTS):
             continue
-        names = [a.strip() for a in arguments.group(1).split(",")]
         position = WEIGHT_ARGUMENTS[call.group(1)]
         weight = names[position] if len(names) > position else ""
         if not weight.startswith("%") or weight.startswith("%p_"):

@@ -163,6 +163,60 @@ def test_group_norms_unit_scales_are_settings():
     assert default_set(model) == ["gamma"]
 
 
+@pytest.mark.parametrize("call, op, arguments, trained", [
+    # LayerNorm(elementwise_affine=False): ones and zeros of the decomposition's own; bias=False: zeros only
+    ("layer_norm.default", "LayerNormalization", "%x, [8], None, None, 1e-05, False", ["M"]),
+    ("layer_norm.default", "LayerNormalization", "%x, [8], %p_norm_weight, None, 1e-05, False", ["A", "M"]),
+    ("layer_norm.default", "LayerNormalization", "%x, [8], %p_norm_weight, %p_norm_bias, 1e-05, False",
+     ["A", "B", "M"]),
+    # embedding_bag without per_sample_weights multiplies the looked-up rows by ones (mode and table aside)
+    ("embedding_bag.padding_idx", "Mul", "%p_bag_weight, %view, %offsets, False, 1, False, None, False, None", ["M"]),
+    ("embedding_bag.padding_idx", "Mul", "%p_bag_weight, %view, %offsets, False, 0, False, %p_w, False, None",
+     ["A", "M"]),
+])
+def test_a_calls_default_for_an_argument_given_none_is_a_setting(call, op, arguments, trained):
+    """Where the recorded call got None for an optional argument (a norm's weight and bias, embedding_bag's
+    per_sample_weights), the dynamo exporter's decomposition reads a default of its own, folded into a val_N as
+    it names folded weights; where the call got a parameter there, that input is the parameter."""
+    inputs = ["X", "A", "B"] if op == "LayerNormalization" else ["X", "A"]
+    nodes = [recorded(helper.make_node(op, inputs, ["N"]), call, arguments),
+             helper.make_node("MatMul", ["N", "M"], ["Y"])]
+    model = model_of(nodes, {"X": [2, 8]}, {"A": np.ones(8), "B": np.zeros(8), "M": np.eye(8) + 0.1})
+    if op != "LayerNormalization":
+        del model.graph.initializer[1]  # B
+    assert default_set(model) == trained
+
+
+def test_defaults_of_norms_without_affine_parameters_and_of_embedding_bags_are_not_trained():
+    """A real dynamo export: its default trainable set holds exactly the module's parameters (by value, a folded
+    transpose too), not the ones and zeros that LayerNorm and GroupNorm without affine parameters and
+    EmbeddingBag without per-sample weights decompose into (folded, and merged between the two bags)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+
+    class Module(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mean, self.sum = torch.nn.EmbeddingBag(16, 8, mode="mean"), torch.nn.EmbeddingBag(16, 8, mode="sum")
+            self.layer_norm = torch.nn.LayerNorm(8, elementwise_affine=False)
+            self.group_norm = torch.nn.GroupNorm(2, 8, affine=False)
+            self.head = torch.nn.Linear(8, 3)
+
+        def forward(self, ids):
+            offsets = torch.tensor([0, 3])
+            h = self.layer_norm(self.mean(ids, offsets) + self.sum(ids, offsets))
+            return self.head(self.group_norm(h))
+
+    torch.manual_seed(0)
+    module = Module().eval()
+    model = torch.onnx.export(module, (torch.tensor([1, 5, 2, 7, 3, 9]),), dynamo=True).model_proto
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    chosen = default_set(model)
+    held = sorted(name for name, p in module.named_parameters() for c in chosen
+                  if np.array_equal(values[c], p.detach().numpy()) or np.array_equal(values[c], p.detach().numpy().T))
+    assert held == sorted(name for name, _ in module.named_parameters()) and len(chosen) == len(held), chosen
+
+
 @pytest.mark.parametrize("weight, warned", [("%mul", True), ("%p_linear_weight", False)])
 def test_a_folded_parametrization_is_warned_about(weight, warned):
     """weight_norm's g * v / |v|, computed by the source model and folded by the exporter into a val_N: the
