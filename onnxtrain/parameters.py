@@ -198,25 +198,35 @@ DEFAULTED_INPUTS = {(LAYER_NORM, "LayerNormalization", 1): 2, (LAYER_NORM, "Laye
                     (GROUP_NORM, "Mul", 1): 2, (GROUP_NORM, "Add", 1): 3,
                     **{(call, "Mul", 1): 6 for call in EMBEDDING_BAGS}}
 
+# The source model's calls that make a tensor from shapes and constants alone (torch.zeros(...).scatter_add, the
+# float mask F.multi_head_attention_forward makes of a key_padding_mask by zeros_like and masked_fill): torch.export
+# names each value after its call (zeros, zeros_like_1), and the dynamo exporter names the initializer it folds
+# that value into alike, where its readers' records show it as an argument (%zeros_like; a parameter is %p_<name>)
+FACTORY_VALUE = re.compile(r"(?:new_)?(?:zeros|ones|full|empty)(?:_like)?(?:_\d+)?|eye(?:_\d+)?")
+
 
 def made_inside_calls(graph: onnx.GraphProto) -> dict[str, str]:
     """Initializers of the main graph read only where the recorded PyTorch call's decomposition reads a constant
-    of its own (CALL_CONSTANT_INPUTS, DEFAULTED_INPUTS), each with the reason."""
+    of its own (CALL_CONSTANT_INPUTS, DEFAULTED_INPUTS) or as the value of a factory call (FACTORY_VALUE), each
+    with the reason."""
     sizes = {t.name: int(np.prod(t.dims)) for t in graph.initializer}
-    readers: dict[str, list[str]] = defaultdict(list)  # name -> per reading, the call that made it, or ""
+    readers: dict[str, list[str]] = defaultdict(list)  # name -> per reading, who made it, or ""
     for node in graph.node:
         record = recorded_call(node)
         call, arguments = FX_CALL.search(record), call_arguments(record)
+        values = set(re.findall(r"%(\w+)", ", ".join(arguments)))
         for index, name in enumerate(node.input):
             key = (call.group(1) if call else "", node.op_type, index)
             largest = CALL_CONSTANT_INPUTS.get(key, 0)
             own = key in CALL_CONSTANT_INPUTS and name in sizes and (largest is None or sizes[name] <= largest)
             position = DEFAULTED_INPUTS.get(key, len(arguments))
             defaulted = position < len(arguments) and arguments[position] == "None"
-            readers[name].append(key[0] if own or defaulted else "")
+            factory = name in values and FACTORY_VALUE.fullmatch(name)
+            readers[name].append(f"by the exporter inside {key[0]}" if own or defaulted else
+                                 f"by the source model's {name} (no parameter)" if factory else "")
     used = uses(graph)
-    return {name: f"made by the exporter inside {', '.join(sorted(set(calls)))}" for name, calls in readers.items()
-            if name in sizes and all(calls) and len(calls) == len(used[name])}
+    return {name: f"made {', '.join(sorted(set(made)))}" for name, made in readers.items()
+            if name in sizes and all(made) and len(made) == len(used[name])}
 
 
 # The export flags that keep an eval-mode BatchNorm a node of its own (train_mode needs it, the warning says it).

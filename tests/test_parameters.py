@@ -192,7 +192,6 @@ def test_defaults_of_norms_without_affine_parameters_and_of_embedding_bags_are_n
     transpose too), not the ones and zeros that LayerNorm and GroupNorm without affine parameters and
     EmbeddingBag without per-sample weights decompose into (folded, and merged between the two bags)."""
     torch = pytest.importorskip("torch")
-    pytest.importorskip("onnxscript")
 
     class Module(torch.nn.Module):
         def __init__(self):
@@ -207,14 +206,58 @@ def test_defaults_of_norms_without_affine_parameters_and_of_embedding_bags_are_n
             h = self.layer_norm(self.mean(ids, offsets) + self.sum(ids, offsets))
             return self.head(self.group_norm(h))
 
-    torch.manual_seed(0)
-    module = Module().eval()
-    model = torch.onnx.export(module, (torch.tensor([1, 5, 2, 7, 3, 9]),), dynamo=True).model_proto
+    assert_default_set_is_the_parameters(Module(), torch.tensor([1, 5, 2, 7, 3, 9]))
+
+
+def assert_default_set_is_the_parameters(module, *args) -> None:
+    """The default trainable set of `module`'s dynamo export holds exactly its parameters: each chosen initializer
+    equals one of them (itself or, folded, transposed), and each of them is chosen. The parameters are moved off
+    their initial values first, so that none is merged with another or folded away (a zero bias)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=generator))
+    module.eval()
+    model = torch.onnx.export(module, args, dynamo=True).model_proto
     values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     chosen = default_set(model)
     held = sorted(name for name, p in module.named_parameters() for c in chosen
                   if np.array_equal(values[c], p.detach().numpy()) or np.array_equal(values[c], p.detach().numpy().T))
     assert held == sorted(name for name, _ in module.named_parameters()) and len(chosen) == len(held), chosen
+
+
+@pytest.mark.parametrize("fill, trained", [("%zeros_like", ["M"]), ("%p_zeros_like", ["zeros_like", "M"])])
+def test_the_value_of_a_factory_call_is_a_setting(fill, trained):
+    """torch.zeros_like(mask) made into a float mask by masked_fill (nn.MultiheadAttention's key_padding_mask):
+    the dynamo exporter folds it into an initializer named after the call, which its reader's record shows as an
+    argument; a parameter of that name is recorded as its placeholder %p_<name>."""
+    where = recorded(helper.make_node("Where", ["C", "zeros_like", "X"], ["W"]), "masked_fill.Scalar",
+                     f"{fill}, %eq, -inf")
+    nodes = [helper.make_node("Greater", ["X", "M"], ["C"]), where, helper.make_node("MatMul", ["W", "M"], ["Y"])]
+    model = model_of(nodes, {"X": [8, 8]}, {"zeros_like": np.zeros((8, 8)), "M": np.eye(8) + 0.1})
+    assert default_set(model) == trained
+
+
+def test_tensors_a_module_makes_from_shapes_are_not_trained():
+    """A real dynamo export: the zeros a scatter_add accumulates into and the float mask nn.MultiheadAttention
+    makes of its key_padding_mask (zeros_like, masked_fill) are folded into initializers, which PyTorch never
+    trains (their gradient is not zero: both are added to)."""
+    torch = pytest.importorskip("torch")
+
+    class Module(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+            self.head = torch.nn.Linear(8, 3)
+
+        def forward(self, x, padding):
+            out, _ = self.attention(x, x, x, key_padding_mask=padding)
+            index = torch.tensor([0, 1, 0, 1]).view(1, 4, 1).expand(2, 4, 8)
+            return self.head(torch.zeros(2, 2, 8).scatter_add(1, index, out))
+
+    assert_default_set_is_the_parameters(Module(), torch.randn(2, 4, 8), torch.tensor([[False] * 3 + [True]] * 2))
 
 
 @pytest.mark.parametrize("weight, warned", [("%mul", True), ("%p_linear_weight", False)])
