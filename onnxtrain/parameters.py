@@ -203,12 +203,16 @@ DEFAULTED_INPUTS = {(LAYER_NORM, "LayerNormalization", 1): 2, (LAYER_NORM, "Laye
 # names each value after its call (zeros, zeros_like_1), and the dynamo exporter names the initializer it folds
 # that value into alike, where its readers' records show it as an argument (%zeros_like; a parameter is %p_<name>)
 FACTORY_VALUE = re.compile(r"(?:new_)?(?:zeros|ones|full|empty)(?:_like)?(?:_\d+)?|eye(?:_\d+)?")
+# torch.export's placeholders of what the source model holds besides its parameters (p_<name>): buffers
+# (register_buffer: a float scale or mask) and lifted constants (a torch.tensor made in forward), which PyTorch
+# never trains; the exporter keeps a buffer's name for its initializer (dots made underscores in the placeholder)
+NOT_TRAINED_PLACEHOLDERS = ("b_", "c_")
 
 
 def made_inside_calls(graph: onnx.GraphProto) -> dict[str, str]:
     """Initializers of the main graph read only where the recorded PyTorch call's decomposition reads a constant
-    of its own (CALL_CONSTANT_INPUTS, DEFAULTED_INPUTS) or as the value of a factory call (FACTORY_VALUE), each
-    with the reason."""
+    of its own (CALL_CONSTANT_INPUTS, DEFAULTED_INPUTS), as the value of a factory call (FACTORY_VALUE) or as a
+    buffer or lifted constant (NOT_TRAINED_PLACEHOLDERS), each with the reason."""
     sizes = {t.name: int(np.prod(t.dims)) for t in graph.initializer}
     readers: dict[str, list[str]] = defaultdict(list)  # name -> per reading, who made it, or ""
     for node in graph.node:
@@ -222,8 +226,10 @@ def made_inside_calls(graph: onnx.GraphProto) -> dict[str, str]:
             position = DEFAULTED_INPUTS.get(key, len(arguments))
             defaulted = position < len(arguments) and arguments[position] == "None"
             factory = name in values and FACTORY_VALUE.fullmatch(name)
+            held = [kind + re.sub(r"\W", "_", name) in values for kind in NOT_TRAINED_PLACEHOLDERS]
             readers[name].append(f"by the exporter inside {key[0]}" if own or defaulted else
-                                 f"by the source model's {name} (no parameter)" if factory else "")
+                                 f"by the source model's {name} (no parameter)" if factory else
+                                 "by the source model as a buffer or constant (no parameter)" if any(held) else "")
     used = uses(graph)
     return {name: f"made {', '.join(sorted(set(made)))}" for name, made in readers.items()
             if name in sizes and all(made) and len(made) == len(used[name])}

@@ -240,10 +240,22 @@ def test_the_value_of_a_factory_call_is_a_setting(fill, trained):
     assert default_set(model) == trained
 
 
-def test_tensors_a_module_makes_from_shapes_are_not_trained():
+@pytest.mark.parametrize("placeholder, trained", [("%b_norm_scale", ["M"]), ("%c_lifted_tensor_0", ["M"]),
+                                                   ("%p_norm_scale", ["norm.scale", "M"])])
+def test_a_buffer_is_a_setting(placeholder, trained):
+    """A float buffer (register_buffer) keeps its name as an initializer, as a parameter does; the dynamo
+    exporter's records tell them apart by torch.export's placeholders: b_<name> a buffer, p_<name> a parameter."""
+    name = "norm.scale" if "norm" in placeholder else "lifted_tensor_0"
+    nodes = [recorded(helper.make_node("Mul", ["X", name], ["S"]), "mul.Tensor", f"%linear, {placeholder}"),
+             helper.make_node("MatMul", ["S", "M"], ["Y"])]
+    model = model_of(nodes, {"X": [2, 8]}, {name: np.linspace(0.5, 1.5, 8), "M": np.eye(8) + 0.1})
+    assert default_set(model) == trained
+
+
+def test_tensors_a_module_makes_from_shapes_or_holds_as_buffers_are_not_trained():
     """A real dynamo export: the zeros a scatter_add accumulates into and the float mask nn.MultiheadAttention
-    makes of its key_padding_mask (zeros_like, masked_fill) are folded into initializers, which PyTorch never
-    trains (their gradient is not zero: both are added to)."""
+    makes of its key_padding_mask (zeros_like, masked_fill) are folded into initializers, and a float buffer is
+    one: PyTorch never trains them (their gradients are not zero: all are added to or multiplied)."""
     torch = pytest.importorskip("torch")
 
     class Module(torch.nn.Module):
@@ -251,11 +263,12 @@ def test_tensors_a_module_makes_from_shapes_are_not_trained():
             super().__init__()
             self.attention = torch.nn.MultiheadAttention(8, 2, batch_first=True)
             self.head = torch.nn.Linear(8, 3)
+            self.register_buffer("scale", torch.linspace(0.5, 1.5, 8))
 
         def forward(self, x, padding):
             out, _ = self.attention(x, x, x, key_padding_mask=padding)
             index = torch.tensor([0, 1, 0, 1]).view(1, 4, 1).expand(2, 4, 8)
-            return self.head(torch.zeros(2, 2, 8).scatter_add(1, index, out))
+            return self.head(torch.zeros(2, 2, 8).scatter_add(1, index, out) * self.scale)
 
     assert_default_set_is_the_parameters(Module(), torch.randn(2, 4, 8), torch.tensor([[False] * 3 + [True]] * 2))
 
