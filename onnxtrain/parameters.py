@@ -190,13 +190,17 @@ CALL_CONSTANT_INPUTS = {(SDPA, "Mul", 0): 1, (SDPA, "Mul", 1): 1,
                         (GROUP_NORM, "InstanceNormalization", 1): None, (GROUP_NORM, "InstanceNormalization", 2): None}
 LAYER_NORM = "torch.ops.aten.layer_norm.default"
 EMBEDDING_BAGS = ("torch.ops.aten.embedding_bag.default", "torch.ops.aten.embedding_bag.padding_idx")
-# (call, op_type, input index) -> the position of the call's argument that input stands for: where the call got
-# None there, its decomposition reads a default of its own, which no parameter of the source model holds. A norm
-# without affine parameters (LayerNorm(elementwise_affine=False), GroupNorm(affine=False)) scales by ones and
-# shifts by zeros; embedding_bag without per_sample_weights multiplies the rows it sums by ones.
-DEFAULTED_INPUTS = {(LAYER_NORM, "LayerNormalization", 1): 2, (LAYER_NORM, "LayerNormalization", 2): 3,
-                    (GROUP_NORM, "Mul", 1): 2, (GROUP_NORM, "Add", 1): 3,
-                    **{(call, "Mul", 1): 6 for call in EMBEDDING_BAGS}}
+INDEX_PUT = "torch.ops.aten.index_put.default"
+# (call, op_type, input index) -> the position of the call's argument that input stands for, where the exporter
+# may fold what it reads there into an initializer named otherwise: where the call got None, its decomposition
+# reads a default of its own, and where it got a factory call's value (FACTORY_VALUE), that value transformed;
+# neither is a parameter of the source model. A norm without affine parameters (LayerNorm(elementwise_affine=
+# False), GroupNorm(affine=False)) scales by ones and shifts by zeros; embedding_bag without per_sample_weights
+# multiplies the rows it sums by ones; index_put (index_add, x[:, i] += v) scatters into its input, moved to put
+# the indexed axes first (torch.zeros(...).index_add(1, ...) reads the zeros transposed, as val_N).
+ARGUMENT_INPUTS = {(LAYER_NORM, "LayerNormalization", 1): 2, (LAYER_NORM, "LayerNormalization", 2): 3,
+                   (GROUP_NORM, "Mul", 1): 2, (GROUP_NORM, "Add", 1): 3,
+                   **{(call, "Mul", 1): 6 for call in EMBEDDING_BAGS}, (INDEX_PUT, "ScatterND", 0): 0}
 
 # The source model's calls that make a tensor from shapes and constants alone (torch.zeros(...).scatter_add, the
 # float mask F.multi_head_attention_forward makes of a key_padding_mask by zeros_like and masked_fill): torch.export
@@ -211,7 +215,7 @@ NOT_TRAINED_PLACEHOLDERS = ("b_", "c_")
 
 def made_inside_calls(graph: onnx.GraphProto) -> dict[str, str]:
     """Initializers of the main graph read only where the recorded PyTorch call's decomposition reads a constant
-    of its own (CALL_CONSTANT_INPUTS, DEFAULTED_INPUTS), as the value of a factory call (FACTORY_VALUE) or as a
+    of its own (CALL_CONSTANT_INPUTS, ARGUMENT_INPUTS), as the value of a factory call (FACTORY_VALUE) or as a
     buffer or lifted constant (NOT_TRAINED_PLACEHOLDERS), each with the reason."""
     sizes = {t.name: int(np.prod(t.dims)) for t in graph.initializer}
     readers: dict[str, list[str]] = defaultdict(list)  # name -> per reading, who made it, or ""
@@ -223,12 +227,13 @@ def made_inside_calls(graph: onnx.GraphProto) -> dict[str, str]:
             key = (call.group(1) if call else "", node.op_type, index)
             largest = CALL_CONSTANT_INPUTS.get(key, 0)
             own = key in CALL_CONSTANT_INPUTS and name in sizes and (largest is None or sizes[name] <= largest)
-            position = DEFAULTED_INPUTS.get(key, len(arguments))
-            defaulted = position < len(arguments) and arguments[position] == "None"
-            factory = name in values and FACTORY_VALUE.fullmatch(name)
+            position = ARGUMENT_INPUTS.get(key, len(arguments))
+            argument = arguments[position] if position < len(arguments) else ""  # what the input stands for
+            made_by = name if name in values else argument.removeprefix("%")
+            factory = FACTORY_VALUE.fullmatch(made_by)
             held = [kind + re.sub(r"\W", "_", name) in values for kind in NOT_TRAINED_PLACEHOLDERS]
-            readers[name].append(f"by the exporter inside {key[0]}" if own or defaulted else
-                                 f"by the source model's {name} (no parameter)" if factory else
+            readers[name].append(f"by the exporter inside {key[0]}" if own or argument == "None" else
+                                 f"by the source model's {made_by} (no parameter)" if factory else
                                  "by the source model as a buffer or constant (no parameter)" if any(held) else "")
     used = uses(graph)
     return {name: f"made {', '.join(sorted(set(made)))}" for name, made in readers.items()

@@ -252,10 +252,24 @@ def test_a_buffer_is_a_setting(placeholder, trained):
     assert default_set(model) == trained
 
 
+@pytest.mark.parametrize("data, trained", [("%zeros_1", ["M"]), ("%p_table", ["val_33", "M"])])
+def test_a_factory_value_a_call_reads_transformed_is_a_setting(data, trained):
+    """torch.zeros(2, 4, 8).index_add(1, index, v): dynamo's index_put scatters into the zeros with the indexed
+    axis moved first, folded into a val_N, which only the argument it stands for (%zeros_1) tells apart from a
+    parameter scattered into (%p_table)."""
+    scatter = recorded(helper.make_node("ScatterND", ["val_33", "I", "X"], ["S"]), "index_put.default",
+                       f"{data}, [None, %b_route], %mul, True")
+    nodes = [helper.make_node("Cast", ["J"], ["I"], to=TensorProto.INT64), scatter,
+             helper.make_node("MatMul", ["S", "M"], ["Y"])]
+    model = model_of(nodes, {"X": [2, 8], "J": [2, 1]}, {"val_33": np.zeros((4, 8)), "M": np.eye(8) + 0.1})
+    assert default_set(model) == trained
+
+
 def test_tensors_a_module_makes_from_shapes_or_holds_as_buffers_are_not_trained():
-    """A real dynamo export: the zeros a scatter_add accumulates into and the float mask nn.MultiheadAttention
-    makes of its key_padding_mask (zeros_like, masked_fill) are folded into initializers, and a float buffer is
-    one: PyTorch never trains them (their gradients are not zero: all are added to or multiplied)."""
+    """A real dynamo export: the zeros a scatter_add and an index_add accumulate into and the float mask
+    nn.MultiheadAttention makes of its key_padding_mask (zeros_like, masked_fill) are folded into initializers, and
+    a float buffer is one: PyTorch never trains them (their gradients are not zero: all are added to or
+    multiplied)."""
     torch = pytest.importorskip("torch")
 
     class Module(torch.nn.Module):
@@ -268,7 +282,9 @@ def test_tensors_a_module_makes_from_shapes_or_holds_as_buffers_are_not_trained(
         def forward(self, x, padding):
             out, _ = self.attention(x, x, x, key_padding_mask=padding)
             index = torch.tensor([0, 1, 0, 1]).view(1, 4, 1).expand(2, 4, 8)
-            return self.head(torch.zeros(2, 2, 8).scatter_add(1, index, out) * self.scale)
+            pooled = torch.zeros(2, 2, 8).scatter_add(1, index, out)
+            pooled = pooled + torch.zeros(2, 2, 8).index_add(1, index[0, :, 0], out)
+            return self.head(pooled * self.scale)
 
     assert_default_set_is_the_parameters(Module(), torch.randn(2, 4, 8), torch.tensor([[False] * 3 + [True]] * 2))
 
