@@ -339,14 +339,34 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> No
 WEIGHT_ARGUMENTS = {f"torch.ops.aten.{call}": 1 for call in (
     "linear.default", "conv1d.default", "conv2d.default", "conv3d.default", "convolution.default",
     "conv_transpose1d.default", "conv_transpose2d.input", "conv_transpose3d.input")}
+# The source model's calls whose result, folded by the exporter into an initializer named after it (torch.export
+# names a call's result after the call: %embedding_1), trains as the parameters it comes from would: a view, a
+# gather of rows, a copy, a shift by a constant (Gemma's 1 + weight) leave each element's SGD step as it was (a
+# broadcast, expand, is the equal slices warned about). Any other call's result (sigmoid(decay), a product) is a
+# parametrization: trained, its steps are not the parameters'.
+STEP_PRESERVING_CALLS = {
+    "view", "reshape", "_unsafe_view", "t", "transpose", "permute", "unsqueeze", "squeeze", "select", "slice",
+    "index", "embedding", "expand", "clone", "contiguous", "alias", "detach", "lift_fresh_copy", "_to_copy", "add",
+    "sub", "cat", "stack", "split", "unbind", "getitem",
+}
+
+
 def computed_weights(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:
     """Chosen initializers that a recorded linear or convolution call reads where its weight argument is a value
-    computed in the source model (not a parameter's placeholder p_<name>): a parametrization the exporter folded."""
+    computed in the source model (not a parameter's placeholder p_<name>), or that a recorded call reads as the
+    folded result of a call other than STEP_PRESERVING_CALLS: a parametrization the exporter folded."""
     found: dict[str, str] = {}
     for node in graph.node:
         provenance = recorded_call(node)
         call, names = FX_CALL.search(provenance), call_arguments(provenance)
-        if not (call and names and call.group(1) in WEIGHT_ARGUMENTS):
+        if not (call and names):
+            continue
+        values, reader = set(re.findall(r"%(\w+)", ", ".join(names))), call.group(1).removeprefix("torch.ops.aten.")
+        for name in node.input:
+            made_by = re.sub(r"_\d+$", "", name)
+            if name in chosen and name in values and made_by not in STEP_PRESERVING_CALLS:
+                found.setdefault(name, f"{name} (the result of {made_by}, read by {reader})")
+        if call.group(1) not in WEIGHT_ARGUMENTS:
             continue
         position = WEIGHT_ARGUMENTS[call.group(1)]
         weight = names[position] if len(names) > position else ""
@@ -355,7 +375,7 @@ def computed_weights(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:
         parameters = {re.sub(r"\W", "_", n[3:]) for n in names if n.startswith("%p_")}
         for name in node.input:
             if name in chosen and re.sub(r"\W", "_", name) not in parameters:
-                found.setdefault(name, f"{name} (the weight {weight} of {call.group(1).removeprefix('torch.ops.aten.')})")
+                found.setdefault(name, f"{name} (the weight {weight} of {reader})")
     return list(found.values())
 
 

@@ -302,3 +302,41 @@ def test_a_folded_parametrization_is_warned_about(weight, warned):
         if not warned:
             warnings.simplefilter("error", onnxtrain.ParameterizationWarning)
         assert select_trainable(model, None) == ["val_3", "linear.bias"]
+
+
+@pytest.mark.parametrize("value, warned", [("%sigmoid", True), ("%p_sigmoid", False)])
+def test_a_folded_function_of_a_parameter_is_warned_about(value, warned):
+    """torch.sigmoid(self.decay), folded by the dynamo exporter into an initializer named after the call's result,
+    as its reader's record shows it (%sigmoid): training that tensor is not training decay. A parameter named
+    sigmoid is recorded as its placeholder p_sigmoid."""
+    nodes = [recorded(helper.make_node("Mul", ["X", "sigmoid"], ["S"]), "mul.Tensor", f"%linear, {value}"),
+             helper.make_node("MatMul", ["S", "M"], ["Y"])]
+    model = model_of(nodes, {"X": [2, 8]}, {"sigmoid": np.linspace(0.2, 0.8, 8), "M": np.eye(8) + 0.1})
+    with pytest.warns(onnxtrain.ParameterizationWarning, match=r"sigmoid \(the result of sigmoid, read by mul") \
+            if warned else warnings.catch_warnings():
+        if not warned:
+            warnings.simplefilter("error", onnxtrain.ParameterizationWarning)
+        assert select_trainable(model, None) == ["sigmoid", "M"]
+
+
+def test_folds_that_train_as_their_parameters_are_not_warned_about():
+    """A real dynamo export of sigmoid(decay), warned about, beside folds whose SGD steps are the parameters' own:
+    rows of a position table gathered at fixed positions (GPT-2's) and a shift by one (Gemma's RMSNorm scale)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+
+    class Gates(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.decay = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 8))
+            self.scale = torch.nn.Parameter(torch.linspace(-0.1, 0.1, 8))
+            self.positions = torch.nn.Embedding(16, 8)
+
+        def forward(self, x):
+            rows = self.positions(torch.arange(x.shape[0]))
+            return (x + rows) * (1 + self.scale) * torch.sigmoid(self.decay)
+
+    model = torch.onnx.export(Gates().eval(), (torch.randn(4, 8),), dynamo=True).model_proto
+    with pytest.warns(onnxtrain.ParameterizationWarning) as record:
+        select_trainable(model, None)
+    assert [str(w.message).split(":")[0] for w in record] == ["sigmoid (the result of sigmoid, read by mul.Tensor)"]
