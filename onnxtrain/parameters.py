@@ -77,11 +77,13 @@ def running_statistics(graph: onnx.GraphProto) -> set[str]:
             or ("BatchNormalization", 4) in used}
 
 
-def constant_reason(value: np.ndarray, used: list[Use]) -> str | None:
-    """Why an initializer read at `used` is a constant rather than a parameter; None for a parameter."""
+def constant_reason(value: np.ndarray, used: list[Use], folded_result: bool = False) -> str | None:
+    """Why an initializer read at `used` is a constant rather than a parameter; None for a parameter. A
+    `folded_result` of the source model's call (`folded_results`) is no lifted scalar, even 0-d: CLIP's
+    logit_scale.exp() is the parameter logit_scale, folded."""
     if used and all(use in CONSTANT_INPUTS for use in used):
         return f"read only as {', '.join(sorted({f'{op} input {i}' for op, i in used}))}"
-    if value.ndim == 0 and used and all(op in ELEMENTWISE_OPS for op, _ in used):
+    if value.ndim == 0 and used and all(op in ELEMENTWISE_OPS for op, _ in used) and not folded_result:
         return "a 0-d operand of elementwise arithmetic"
     # two reductions, no temporary: a float64 copy of an embedding table once tripled make_trainable's peak memory
     if value.size and not float(max(value.max(), -value.min())) < MASK_MAGNITUDE:  # a NaN fails too
@@ -142,11 +144,12 @@ def folded_mask(value: np.ndarray, used: list[Use]) -> bool:
 def constants(model: onnx.ModelProto) -> dict[str, str]:
     """Float initializers of the main graph that are not parameters, each with the reason."""
     used = uses(model.graph)
-    made = made_inside_calls(model.graph)
+    made, results = made_inside_calls(model.graph), folded_results(model.graph)
     reasons = {}
     for tensor in model.graph.initializer:
         if tensor.data_type in TRAINING_FLOAT_TYPES:
-            reason = made.get(tensor.name) or constant_reason(tensor_value(tensor), used.get(tensor.name, []))
+            reason = made.get(tensor.name) or constant_reason(tensor_value(tensor), used.get(tensor.name, []),
+                                                              tensor.name in results)
             if reason:
                 reasons[tensor.name] = reason
     return reasons
@@ -351,23 +354,34 @@ STEP_PRESERVING_CALLS = {
 }
 
 
+def folded_results(graph: onnx.GraphProto) -> dict[str, tuple[str, str]]:
+    """{initializer: (call, reader)} for the initializers a recorded call (`reader`) reads as the result of one of
+    the source model's calls: torch.export names a result after its call (%sigmoid, %embedding_1), and the
+    exporter names the initializer it folds that result into alike. Factory calls' results aside (constants)."""
+    found: dict[str, tuple[str, str]] = {}
+    for node in graph.node:
+        provenance = recorded_call(node)
+        call, names = FX_CALL.search(provenance), call_arguments(provenance)
+        values = set(re.findall(r"%(\w+)", ", ".join(names)))
+        for name in node.input:
+            if call and name in values and not FACTORY_VALUE.fullmatch(name):
+                found.setdefault(name, (re.sub(r"_\d+$", "", name), call.group(1).removeprefix("torch.ops.aten.")))
+    return found
+
+
 def computed_weights(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:
     """Chosen initializers that a recorded linear or convolution call reads where its weight argument is a value
     computed in the source model (not a parameter's placeholder p_<name>), or that a recorded call reads as the
     folded result of a call other than STEP_PRESERVING_CALLS: a parametrization the exporter folded."""
-    found: dict[str, str] = {}
+    found = {name: f"{name} (the result of {made_by}, read by {reader})"
+             for name, (made_by, reader) in folded_results(graph).items()
+             if name in chosen and made_by not in STEP_PRESERVING_CALLS}
     for node in graph.node:
         provenance = recorded_call(node)
         call, names = FX_CALL.search(provenance), call_arguments(provenance)
-        if not (call and names):
+        if not (call and names and call.group(1) in WEIGHT_ARGUMENTS):
             continue
-        values, reader = set(re.findall(r"%(\w+)", ", ".join(names))), call.group(1).removeprefix("torch.ops.aten.")
-        for name in node.input:
-            made_by = re.sub(r"_\d+$", "", name)
-            if name in chosen and name in values and made_by not in STEP_PRESERVING_CALLS:
-                found.setdefault(name, f"{name} (the result of {made_by}, read by {reader})")
-        if call.group(1) not in WEIGHT_ARGUMENTS:
-            continue
+        reader = call.group(1).removeprefix("torch.ops.aten.")
         position = WEIGHT_ARGUMENTS[call.group(1)]
         weight = names[position] if len(names) > position else ""
         if not weight.startswith("%") or weight.startswith("%p_"):

@@ -319,6 +319,22 @@ def test_a_folded_function_of_a_parameter_is_warned_about(value, warned):
         assert select_trainable(model, None) == ["sigmoid", "M"]
 
 
+@pytest.mark.parametrize("value, trained", [("%exp", ["exp", "M"]), ("2.0", ["M"])])
+def test_a_folded_0d_result_is_no_lifted_scalar(value, trained):
+    """CLIP's x * self.logit_scale.exp(): the dynamo exporter folds exp(logit_scale) into a 0-d initializer
+    named exp, which its reader's record shows as a result (%exp): trained, and warned about (its steps are not
+    logit_scale's); left out as a lifted scalar, logit_scale never trained. A lifted scalar is a number in the
+    record (2.0)."""
+    nodes = [recorded(helper.make_node("Mul", ["X", "exp"], ["S"]), "mul.Tensor", f"%linear, {value}"),
+             helper.make_node("MatMul", ["S", "M"], ["Y"])]
+    model = model_of(nodes, {"X": [2, 8]}, {"exp": np.array(14.3), "M": np.eye(8) + 0.1})
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert select_trainable(model, None) == trained
+    assert [str(w.message).split(":")[0] for w in record] == ["exp (the result of exp, read by mul.Tensor)"][
+        :len(trained) - 1]
+
+
 def test_folds_that_train_as_their_parameters_are_not_warned_about():
     """A real dynamo export of sigmoid(decay), warned about, beside folds whose SGD steps are the parameters' own:
     rows of a position table gathered at fixed positions (GPT-2's) and a shift by one (Gemma's RMSNorm scale)."""
