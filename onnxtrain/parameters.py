@@ -206,10 +206,12 @@ ARGUMENT_INPUTS = {(LAYER_NORM, "LayerNormalization", 1): 2, (LAYER_NORM, "Layer
                    **{(call, "Mul", 1): 6 for call in EMBEDDING_BAGS}, (INDEX_PUT, "ScatterND", 0): 0}
 
 # The source model's calls that make a tensor from shapes and constants alone (torch.zeros(...).scatter_add, the
-# float mask F.multi_head_attention_forward makes of a key_padding_mask by zeros_like and masked_fill): torch.export
-# names each value after its call (zeros, zeros_like_1), and the dynamo exporter names the initializer it folds
-# that value into alike, where its readers' records show it as an argument (%zeros_like; a parameter is %p_<name>)
-FACTORY_VALUE = re.compile(r"(?:new_)?(?:zeros|ones|full|empty)(?:_like)?(?:_\d+)?|eye(?:_\d+)?")
+# float mask F.multi_head_attention_forward makes of a key_padding_mask by zeros_like and masked_fill, the tensor
+# a decomposition makes of a Python number: scalar_tensor_default): torch.export names each value after its call
+# (zeros, zeros_like_1), and the dynamo exporter names the initializer it folds that value into alike, where its
+# readers' records show it as an argument (%zeros_like; a parameter is %p_<name>)
+FACTORY_VALUE = re.compile(
+    r"(?:(?:new_)?(?:zeros|ones|full|empty)(?:_like)?|eye|arange|scalar_tensor(?:_default)?|lift_fresh_copy)(?:_\d+)?")
 # torch.export's placeholders of what the source model holds besides its parameters (p_<name>): buffers
 # (register_buffer: a float scale or mask) and lifted constants (a torch.tensor made in forward), which PyTorch
 # never trains; the exporter keeps a buffer's name for its initializer (dots made underscores in the placeholder)

@@ -319,15 +319,16 @@ def test_a_folded_function_of_a_parameter_is_warned_about(value, warned):
         assert select_trainable(model, None) == ["sigmoid", "M"]
 
 
-@pytest.mark.parametrize("value, trained", [("%exp", ["exp", "M"]), ("2.0", ["M"])])
-def test_a_folded_0d_result_is_no_lifted_scalar(value, trained):
+@pytest.mark.parametrize("name, value, trained", [("exp", "%exp", ["exp", "M"]), ("exp", "2.0", ["M"]),
+                                                  ("scalar_tensor_default", "%scalar_tensor_default", ["M"])])
+def test_a_folded_0d_result_is_no_lifted_scalar(name, value, trained):
     """CLIP's x * self.logit_scale.exp(): the dynamo exporter folds exp(logit_scale) into a 0-d initializer
     named exp, which its reader's record shows as a result (%exp): trained, and warned about (its steps are not
     logit_scale's); left out as a lifted scalar, logit_scale never trained. A lifted scalar is a number in the
-    record (2.0)."""
-    nodes = [recorded(helper.make_node("Mul", ["X", "exp"], ["S"]), "mul.Tensor", f"%linear, {value}"),
+    record (2.0), or the tensor a decomposition makes of one (scalar_tensor)."""
+    nodes = [recorded(helper.make_node("Mul", ["X", name], ["S"]), "mul.Tensor", f"%linear, {value}"),
              helper.make_node("MatMul", ["S", "M"], ["Y"])]
-    model = model_of(nodes, {"X": [2, 8]}, {"exp": np.array(14.3), "M": np.eye(8) + 0.1})
+    model = model_of(nodes, {"X": [2, 8]}, {name: np.array(14.3), "M": np.eye(8) + 0.1})
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         assert select_trainable(model, None) == trained
