@@ -310,7 +310,8 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> No
     merged = [f"{n} (every element {a.flat[0]:g}, read by {len(used[n])} nodes)" for n, a in arrays.items()
               if a.size > 1 and len(used.get(n, [])) > 1 and np.all(a == a.flat[0])]
     untied = [f"{b} is a {how} copy of {a}" for a, b, how in untied_copies(arrays)]
-    repeated = [f"{n} (along axis {axis})" for n, a in arrays.items() for axis in repeated_axes(a)[:1]]
+    repeated = [f"{n} (along axis {axis}{'' if block == 1 else f', blocks of {block}'})" for n, a in arrays.items()
+                for axis, block in repeated_axes(a)[:1]]
     folded = folded_batchnorm(model.graph, set(chosen))
     keep = KEEP_PARAMETERS
     kinds = [
@@ -323,9 +324,9 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> No
          "layer, a layer shared by several layers as ALBERT's); the copies would train apart. "
          f"{keep} to keep one weight"),
         (", ".join(repeated),
-         "equal slices, as when the exporter folds a broadcast or a gathered row of a parameter into a constant "
-         "(token-type embeddings); each copy would train on its own, where the source model sums their "
-         f"gradients. {keep}"),
+         "equal slices, as when the exporter folds a broadcast, a repeat or a gathered row of a parameter into a "
+         "constant (token-type embeddings, DeBERTa's relative position projections); each copy would train on its "
+         f"own, where the source model sums their gradients. {keep}"),
         (", ".join(computed_weights(model.graph, set(chosen))),
          "a weight the source model computes from its parameters (a parametrization: weight_norm's g * v / |v|, "
          "spectral_norm), which the exporter computed once and folded into a plain tensor; training it trains "
@@ -430,9 +431,41 @@ def untied_copies(arrays: dict[str, np.ndarray]) -> list[tuple[str, str, str]]:
     return pairs
 
 
-def repeated_axes(a: np.ndarray) -> list[int]:
-    """Axes of length > 1 along which every slice equals the first (never for a constant-valued array)."""
+def repeated_axes(a: np.ndarray) -> list[tuple[int, int]]:
+    """(axis, block) for the axes of length > 1 along which `a` is copies of its first `block` slices, the
+    smallest such block: 1 where every slice equals the first (a row broadcast over the batch), more where a
+    block repeats, as `repeat(batch, 1, 1)` of a [heads, ...] tensor seen as [batch * heads, ...] (DeBERTa's
+    relative position projections). Never for a constant-valued array."""
     if a.ndim < 2 or a.size <= 1 or np.all(a == a.flat[0]):
         return []
-    return [axis for axis in range(a.ndim) if a.shape[axis] > 1 and np.array_equal(a, np.broadcast_to(
-        np.take(a, [0], axis=axis), a.shape))]
+    found = []
+    for axis, length in enumerate(a.shape):
+        block = length
+        # the periods dividing the length are the multiples of the smallest: divide by each prime while one holds
+        for prime in prime_factors(length):
+            if periodic(a, axis, block // prime):
+                block //= prime
+        if block < length:
+            found.append((axis, block))
+    return found
+
+
+def periodic(a: np.ndarray, axis: int, period: int) -> bool:
+    """Whether slice i + period of `a` along `axis` equals slice i for every i (views compared, no copy of `a`);
+    one slice pair first, which settles a trained weight at once."""
+    def along(start: int | None, stop: int | None) -> np.ndarray:
+        return a[(slice(None),) * axis + (slice(start, stop),)]
+
+    return (np.array_equal(along(0, 1), along(period, period + 1))
+            and np.array_equal(along(period, None), along(0, -period)))
+
+
+def prime_factors(n: int) -> list[int]:
+    """The prime factors of n, each as often as it divides n."""
+    factors, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    return factors + ([n] if n > 1 else [])

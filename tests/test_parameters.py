@@ -357,3 +357,21 @@ def test_folds_that_train_as_their_parameters_are_not_warned_about():
     with pytest.warns(onnxtrain.ParameterizationWarning) as record:
         select_trainable(model, None)
     assert [str(w.message).split(":")[0] for w in record] == ["sigmoid (the result of sigmoid, read by mul.Tensor)"]
+
+
+@pytest.mark.parametrize("copies, expected", [
+    ("row", r"P \(along axis 0\): equal slices"),  # BERT's token-type row broadcast over the batch [2, 8, 32]
+    ("block", r"P \(along axis 0, blocks of 4\): equal slices"),  # DeBERTa's position keys, repeat(batch, 1, 1)
+    (None, None)])
+def test_a_parameter_folded_into_copies_is_warned_about(copies, expected):
+    """The dynamo exporter folds a parameter's broadcast into one tensor whose copies would train apart: a row
+    repeated along the batch, or DeBERTa-v2's relative position keys [heads, span, d] repeated per sequence and
+    bmm'ed as [batch * heads, span, d], where slices 4-7 repeat slices 0-3 but no slice repeats the first."""
+    rng = np.random.default_rng(3)
+    weight = {"row": np.broadcast_to(rng.normal(size=(1, 6, 4)), (2, 6, 4)),
+              "block": np.tile(rng.normal(size=(4, 6, 4)), (2, 1, 1)), None: rng.normal(size=(8, 6, 4))}[copies]
+    model = model_of([helper.make_node("MatMul", ["X", "P"], ["Y"])], {"X": [len(weight), 3, 6]}, {"P": weight})
+    with pytest.warns(onnxtrain.ParameterizationWarning, match=expected) if expected else warnings.catch_warnings():
+        if not expected:
+            warnings.simplefilter("error", onnxtrain.ParameterizationWarning)
+        assert select_trainable(model, None) == ["P"]
