@@ -92,6 +92,8 @@ def constant_reason(value: np.ndarray, used: list[Use], folded_result: bool = Fa
         return "a uniform batch-shaped operand of Add/Where (a folded attention mask)"
     if position_table(value):
         return "sinusoids of the position (a rotary or sinusoidal position table)"
+    if alibi_slopes(value):
+        return "ALiBi's per-head slopes (a fixed function of the head count)"
     return None
 
 
@@ -128,6 +130,25 @@ def sinusoids(table: np.ndarray) -> bool:
     middle, around = table[1:-1], table[2:] + table[:-2]
     twice_cos = (middle * around).sum(axis=0) / np.maximum((middle * middle).sum(axis=0), 1e-30)
     return bool(np.abs(around - twice_cos * middle).max() < 3 * SINUSOID_TOLERANCE)
+
+
+def alibi_slopes(value: np.ndarray) -> bool:
+    """Whether `value` holds, along its one axis longer than 1, the slopes ALiBi multiplies each head's key
+    positions by (Bloom's, Falcon's with alibi=True): computed from the head count alone, so the dynamo exporter
+    folds them into an initializer, which PyTorch never trains. A parameter initialised with them (a learned
+    ALiBi) looks the same until trained."""
+    heads = value.size
+    if heads < 2 or max(value.shape) != heads:
+        return False
+    return bool(np.allclose(value.reshape(-1), alibi(heads), rtol=1e-6, atol=0))
+
+
+def alibi(heads: int) -> np.ndarray:
+    """ALiBi's slopes for `heads` heads (Press et al.'s get_slopes): 2^(-8i/n), i = 1..n, for n the largest
+    power of two <= heads; past n, the odd-numbered slopes of 2n heads."""
+    n = 2 ** int(np.log2(heads))
+    slopes = 2.0 ** (-8.0 * np.arange(1, 2 * n + 1) / (2 * n))  # 2n heads' slopes: n heads' are the even-numbered
+    return np.concatenate([slopes[1::2], slopes[0::2][:heads - n]])
 
 
 def folded_mask(value: np.ndarray, used: list[Use]) -> bool:

@@ -375,3 +375,15 @@ def test_a_parameter_folded_into_copies_is_warned_about(copies, expected):
         if not expected:
             warnings.simplefilter("error", onnxtrain.ParameterizationWarning)
         assert select_trainable(model, None) == ["P"]
+
+
+@pytest.mark.parametrize("heads", [4, 12])
+@pytest.mark.parametrize("shift, trained", [(0.0, ["M"]), (1e-3, ["S", "M"])])
+def test_alibi_slopes_are_settings(heads, shift, trained):
+    """Bloom's ALiBi slopes [heads, 1] (transformers' own, 12 heads past a power of two), which the dynamo exporter
+    folds into an initializer multiplying the key positions; the same values moved (a trained weight) stay one."""
+    bloom = pytest.importorskip("transformers.models.bloom.modeling_bloom")
+    slopes = bloom._get_alibi_slopes(heads, "cpu").numpy()[:, None] + shift
+    nodes = [helper.make_node("Mul", ["S", "X"], ["P"]), helper.make_node("MatMul", ["P", "M"], ["Y"])]
+    model = model_of(nodes, {"X": [2, 1, 8]}, {"S": slopes, "M": np.eye(8) + 0.1})
+    assert default_set(model) == trained
