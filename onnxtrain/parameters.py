@@ -94,6 +94,10 @@ def constant_reason(value: np.ndarray, used: list[Use], folded_result: bool = Fa
         return "sinusoids of the position (a rotary or sinusoidal position table)"
     if alibi_slopes(value):
         return "ALiBi's per-head slopes (a fixed function of the head count)"
+    if base_grid(value):
+        return "a grid of coordinates in [-1, 1] with a column of ones (affine_grid's base grid)"
+    if window_sizes(value, used):
+        return "unequal whole numbers read only as a divisor (an adaptive average pool's window sizes)"
     return None
 
 
@@ -149,6 +153,40 @@ def alibi(heads: int) -> np.ndarray:
     n = 2 ** int(np.log2(heads))
     slopes = 2.0 ** (-8.0 * np.arange(1, 2 * n + 1) / (2 * n))  # 2n heads' slopes: n heads' are the even-numbered
     return np.concatenate([slopes[1::2], slopes[0::2][:heads - n]])
+
+
+def base_grid(value: np.ndarray) -> bool:
+    """affine_grid's base grid as PyTorch's decomposition builds it and the dynamo exporter folds it: [points,
+    k + 1, 1] for k = 2 or 3 spatial axes, each point its k coordinates and a 1, the points every combination of
+    one evenly spaced ramp per axis, symmetric about 0 within [-1, 1] (linspace(-1, 1), shrunk by (n - 1) / n
+    without align_corners). PyTorch computes it from the output size; a weight never starts as one."""
+    if value.ndim != 3 or value.shape[1] not in (3, 4) or value.shape[2] != 1 or value.shape[0] < 2:
+        return False
+    points = value[:, :, 0].astype(np.float64)
+    if not np.all(points[:, -1] == 1):
+        return False
+    ramps = [np.unique(axis) for axis in points[:, :-1].T]
+    return (int(np.prod([ramp.size for ramp in ramps])) == len(points) == len(np.unique(points, axis=0))
+            and all(symmetric_ramp(ramp) for ramp in ramps))
+
+
+def symmetric_ramp(values: np.ndarray) -> bool:
+    """Whether sorted distinct `values` step evenly, symmetric about 0, within [-1, 1] (one value: 0)."""
+    if values.size == 1:
+        return bool(values[0] == 0)
+    steps = np.diff(values)
+    return (float(np.abs(values).max()) <= 1 and np.allclose(values, -values[::-1], atol=1e-6)
+            and np.allclose(steps, steps[0], rtol=1e-3))
+
+
+def window_sizes(value: np.ndarray, used: list[Use]) -> bool:
+    """Unequal positive whole numbers read only as a Div's divisor: PyTorch's decomposition of an adaptive
+    average pool whose windows differ in size (16 -> 7) sums each window and divides by its size, a float
+    tensor the dynamo exporter folds (equal windows pool by AveragePool instead). A parameter only divided by
+    starts as one value repeated (a temperature of 1), trained it holds fractions."""
+    return (value.size > 1 and bool(used) and all(use == ("Div", 1) for use in used)
+            and bool(np.all(value >= 1)) and bool(np.all(value == np.round(value)))
+            and not np.all(value == value.flat[0]))
 
 
 def folded_mask(value: np.ndarray, used: list[Use]) -> bool:

@@ -150,6 +150,35 @@ def test_one_output_regression_head_trains_its_one_element_bias():
     assert_trains_like_pytorch(module, model, x, target, F.mse_loss, loss="mse")
 
 
+class Warp(torch.nn.Module):
+    """A spatial transformer: a learned affine theta, affine_grid and grid_sample, then an adaptive average pool
+    to sizes that do not divide the input's (8 -> 3 x 5: windows of unequal sizes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.theta, self.identity = torch.nn.Linear(3 * 8 * 8, 6), torch.nn.Parameter(torch.zeros(6))
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.head = torch.nn.Linear(4 * 3 * 5, 5)
+
+    def forward(self, x):
+        theta = self.identity + 0.1 * self.theta(x.flatten(1))
+        grid = F.affine_grid(theta.view(-1, 2, 3), list(x.shape), align_corners=False)
+        warped = F.grid_sample(x, grid, align_corners=False)
+        return self.head(F.adaptive_avg_pool2d(torch.tanh(self.conv(warped)), (3, 5)).flatten(1))
+
+
+def test_affine_grid_and_an_adaptive_pool_train_like_pytorch():
+    """The dynamo exporter folds what PyTorch's decompositions compute from shapes alone into initializers:
+    affine_grid's base grid [64, 3, 1] and the adaptive pool's window sizes; trained, they changed the model."""
+    torch.manual_seed(0)
+    module = perturbed(Warp())
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(2, 3, 8, 8)).astype(np.float32)
+    target = rng.integers(0, 5, size=2).astype(np.int64)
+    model = export(module, torch.from_numpy(x), "dynamo")
+    assert_trains_like_pytorch(module, model, x, target, F.cross_entropy, loss="cross_entropy")
+
+
 def lm_batch():
     rng = np.random.default_rng(2)
     ids = rng.integers(0, 64, size=(2, 8)).astype(np.int64)

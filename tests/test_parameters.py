@@ -386,4 +386,33 @@ def test_alibi_slopes_are_settings(heads, shift, trained):
     slopes = bloom._get_alibi_slopes(heads, "cpu").numpy()[:, None] + shift
     nodes = [helper.make_node("Mul", ["S", "X"], ["P"]), helper.make_node("MatMul", ["P", "M"], ["Y"])]
     model = model_of(nodes, {"X": [2, 1, 8]}, {"S": slopes, "M": np.eye(8) + 0.1})
+
+
+def base_grid(height: int, width: int, align_corners: bool) -> np.ndarray:
+    """affine_grid's base grid [height * width, 3, 1] as PyTorch's decomposition builds it: x, y and a 1."""
+    def ramp(n: int) -> np.ndarray:
+        return np.linspace(-1, 1, n) * (1 if align_corners else (n - 1) / n) if n > 1 else np.zeros(1)
+
+    y, x = np.meshgrid(ramp(height), ramp(width), indexing="ij")
+    return np.stack([x.ravel(), y.ravel(), np.ones(height * width)], axis=1)[:, :, None]
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_affine_grids_base_grid_is_a_setting(align_corners):
+    """The dynamo exporter folds affine_grid's base grid into an initializer that multiplies theta; a [n, 3, 1]
+    weight of other values stays a parameter."""
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("Mul", ["G", "X"], ["P"]), helper.make_node("Mul", ["P", "W"], ["Y"])]
+    grid = base_grid(4, 5, align_corners)
+    model = model_of(nodes, {"X": [2, 1, 3, 2]}, {"G": grid, "W": grid + 0.02 * rng.normal(size=grid.shape)})
+    assert default_set(model) == ["W"]
+
+
+@pytest.mark.parametrize("divisor, trained", [([18, 18, 24, 18], ["M"]), ([1.5, 2.0, 1.0, 3.0], ["D", "M"]),
+                                              ([1, 1, 1, 1], ["D", "M"])])
+def test_an_adaptive_pools_window_sizes_are_settings(divisor, trained):
+    """An adaptive average pool with windows of unequal sizes divides each window's sum by its size, a float
+    tensor the dynamo exporter folds; a learned divisor holds fractions, or starts as one repeated value."""
+    nodes = [helper.make_node("Div", ["X", "D"], ["P"]), helper.make_node("MatMul", ["P", "M"], ["Y"])]
+    model = model_of(nodes, {"X": [2, 4]}, {"D": np.array(divisor), "M": np.eye(4) + 0.1})
     assert default_set(model) == trained
