@@ -15,6 +15,7 @@ import warnings
 from collections import defaultdict
 from typing import Iterable
 
+import ml_dtypes
 import numpy as np
 import onnx
 
@@ -369,8 +370,7 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> No
     merged = [f"{n} (every element {a.flat[0]:g}, read by {len(used[n])} nodes)" for n, a in arrays.items()
               if a.size > 1 and len(used.get(n, [])) > 1 and np.all(a == a.flat[0])]
     untied = [f"{b} is a {how} copy of {a}" for a, b, how in untied_copies(arrays)]
-    repeated = [f"{n} (along axis {axis}{'' if block == 1 else f', blocks of {block}'})" for n, a in arrays.items()
-                for axis, block in repeated_axes(a)[:1]]
+    repeated = [f"{n} ({how})" for n, a in arrays.items() if (how := repetition(a))]
     folded = folded_batchnorm(model.graph, set(chosen))
     keep = KEEP_PARAMETERS
     kinds = [
@@ -383,9 +383,10 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> No
          "layer, a layer shared by several layers as ALBERT's); the copies would train apart. "
          f"{keep} to keep one weight"),
         (", ".join(repeated),
-         "equal slices, as when the exporter folds a broadcast, a repeat or a gathered row of a parameter into a "
-         "constant (token-type embeddings, DeBERTa's relative position projections); each copy would train on its "
-         f"own, where the source model sums their gradients. {keep}"),
+         "equal slices or repeated values, as when the exporter folds a broadcast, a repeat or a gather of a "
+         "parameter into a constant (a token-type embedding's row; DeBERTa's relative position projections "
+         "repeated per sequence; a relative position bias table gathered per query-key pair, as Swin's); each copy "
+         f"would train on its own, where the source model sums their gradients. {keep}"),
         (", ".join(computed_weights(model.graph, set(chosen))),
          "a weight the source model computes from its parameters (a parametrization: weight_norm's g * v / |v|, "
          "spectral_norm), which the exporter computed once and folded into a plain tensor; training it trains "
@@ -488,6 +489,39 @@ def untied_copies(arrays: dict[str, np.ndarray]) -> list[tuple[str, str, str]]:
                 elif x.ndim == 2 and x.T.shape == y.shape and np.array_equal(x.T, y):
                     pairs.append((a, b, "transposed"))
     return pairs
+
+
+def repetition(a: np.ndarray) -> str:
+    """How `a` repeats its values ("" if it does not): equal slices along an axis, else repeated values."""
+    axes = repeated_axes(a)
+    if axes:
+        axis, block = axes[0]
+        return f"along axis {axis}" + (f", blocks of {block}" if block > 1 else "")
+    distinct = repeated_values(a)
+    return f"{min(a.size, REPEATS_SAMPLE)} values, {distinct} distinct" if distinct else ""
+
+
+REPEATS_MIN = 16  # distinct values: a structured initialization (identity, Dirac, STN's [1, 0, 0, 0, 1, 0]) has fewer
+REPEATS_SAMPLE = 4096  # the leading values looked at: sorting a whole embedding table costs seconds
+
+
+def repeated_values(a: np.ndarray) -> int:
+    """The number of distinct values among the first REPEATS_SAMPLE of a 32- or 64-bit float `a` when it is at
+    most half of them and at least REPEATS_MIN, else 0: a gather of a parameter with repeated indices that the
+    exporter folded (TorchScript folds Swin's relative_position_bias_table[relative_position_index], 49 values
+    into 256 per head). A trained weight's values are distinct but for those that start or are stored so: a
+    structured initialization's few values (an identity; all equal, the merged and constant rules' case) and
+    values a 16-bit float holds exactly (weights trained in bfloat16 and stored in float32 repeat at its
+    precision)."""
+    if a.dtype.itemsize < 4 or a.size < 2 * REPEATS_MIN:
+        return 0
+    sample = a.reshape(-1)[:REPEATS_SAMPLE]
+    distinct = np.unique(sample).size
+    if not REPEATS_MIN <= distinct <= sample.size // 2 or any(
+            np.array_equal(sample.astype(narrow).astype(sample.dtype), sample)
+            for narrow in (np.float16, ml_dtypes.bfloat16)):
+        return 0
+    return distinct
 
 
 def repeated_axes(a: np.ndarray) -> list[tuple[int, int]]:

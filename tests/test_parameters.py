@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
@@ -416,3 +417,38 @@ def test_an_adaptive_pools_window_sizes_are_settings(divisor, trained):
     nodes = [helper.make_node("Div", ["X", "D"], ["P"]), helper.make_node("MatMul", ["P", "M"], ["Y"])]
     model = model_of(nodes, {"X": [2, 4]}, {"D": np.array(divisor), "M": np.eye(4) + 0.1})
     assert default_set(model) == trained
+
+
+def relative_position_index(window: int) -> np.ndarray:
+    """Swin's relative_position_index [window², window²]: each query-key pair's offset (dy, dx) as one index."""
+    coords = np.stack(np.meshgrid(np.arange(window), np.arange(window), indexing="ij")).reshape(2, -1)
+    offsets = coords[:, :, None] - coords[:, None, :] + window - 1
+    return offsets[0] * (2 * window - 1) + offsets[1]
+
+
+def added_to_scores(bias: np.ndarray) -> onnx.ModelProto:
+    """Y = MatMul(X + bias, M): a bias [1, heads, n, n] added to attention scores."""
+    heads, n = bias.shape[1], bias.shape[-1]
+    nodes = [helper.make_node("Add", ["X", "B"], ["S"]), helper.make_node("MatMul", ["S", "M"], ["Y"])]
+    return model_of(nodes, {"X": [2, heads, n, n]}, {"B": bias, "M": np.random.default_rng(5).normal(size=(n, n))})
+
+
+def test_a_folded_gather_of_a_relative_position_bias_table_is_warned_about():
+    """TorchScript's constant folding turns Swin's relative_position_bias_table[relative_position_index] into a
+    [1, heads, 16, 16] initializer holding the table's 49 values per head 256 times: each copy would train apart,
+    where PyTorch sums their gradients into the table."""
+    table = np.random.default_rng(4).normal(0, 0.02, size=(49, 2)).astype(np.float32)
+    gathered = table[relative_position_index(4)].transpose(2, 0, 1)[None]
+    with pytest.warns(onnxtrain.ParameterizationWarning, match=r"B \(512 values, 98 distinct\): .*repeated values"):
+        assert select_trainable(added_to_scores(gathered), None) == ["B", "M"]
+
+
+@pytest.mark.parametrize("values", ["trained", "bfloat16", "identity"])
+def test_weights_that_repeat_values_by_design_are_not_warned_about(values):
+    """A trained float32 weight, one trained in bfloat16 and stored in float32 (it repeats at bfloat16's
+    precision), and a fresh identity initialization (a few values) are not folded gathers."""
+    rng = np.random.default_rng(6)
+    weight = {"trained": rng.normal(0, 0.02, size=(1, 2, 16, 16)),
+              "bfloat16": rng.normal(0, 0.02, size=(1, 2, 16, 16)).astype(ml_dtypes.bfloat16).astype(np.float32),
+              "identity": np.broadcast_to(np.eye(16), (1, 2, 16, 16)) + np.arange(2)[None, :, None, None]}[values]
+    assert default_set(added_to_scores(weight)) == ["B", "M"]
