@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Iterable
 
 import ml_dtypes
@@ -225,6 +226,24 @@ def recorded_call(node: onnx.NodeProto) -> str:
     return {p.key: p.value for p in node.metadata_props}.get(FX_NODE, "")
 
 
+@dataclass(frozen=True)
+class Record:
+    """A node's recorded call, read: the call ("" where none is recorded, torch.ops.aten. dropped), its
+    positional arguments as written, and the FX values among them (their names without the %)."""
+
+    call: str
+    arguments: list[str]
+    values: set[str]
+
+
+def record_of(node: onnx.NodeProto) -> Record:
+    text = recorded_call(node)
+    call, arguments = FX_CALL.search(text), call_arguments(text)
+    return Record(call.group(1).removeprefix(ATEN) if call else "", arguments,
+                  set(re.findall(r"%(\w+)", ", ".join(arguments))))
+
+
+ATEN = "torch.ops.aten."
 FX_ARGUMENTS = re.compile(r"\]\(args = \((.*)\), kwargs")
 
 
@@ -242,8 +261,8 @@ def call_arguments(record: str) -> list[str]:
     return arguments + [text[start:].strip()] if text.strip() else arguments
 
 
-SDPA = "torch.ops.aten.scaled_dot_product_attention.default"
-GROUP_NORM = "torch.ops.aten.group_norm.default"
+SDPA = "scaled_dot_product_attention.default"
+GROUP_NORM = "group_norm.default"
 # (call, op_type, input index) -> the largest such constant: where a call's ONNX decomposition reads a constant
 # of its own. scaled_dot_product_attention multiplies the query and the key each by the square root of its
 # scale, a [1] tensor (a parameter reaching those Muls, a learned query folded over the batch, is larger);
@@ -251,9 +270,9 @@ GROUP_NORM = "torch.ops.aten.group_norm.default"
 # parameters by Mul and Add. Names do not tell: the optimizing exporter names both them and folded weights val_N.
 CALL_CONSTANT_INPUTS = {(SDPA, "Mul", 0): 1, (SDPA, "Mul", 1): 1,
                         (GROUP_NORM, "InstanceNormalization", 1): None, (GROUP_NORM, "InstanceNormalization", 2): None}
-LAYER_NORM = "torch.ops.aten.layer_norm.default"
-EMBEDDING_BAGS = ("torch.ops.aten.embedding_bag.default", "torch.ops.aten.embedding_bag.padding_idx")
-INDEX_PUT = "torch.ops.aten.index_put.default"
+LAYER_NORM = "layer_norm.default"
+EMBEDDING_BAGS = ("embedding_bag.default", "embedding_bag.padding_idx")
+INDEX_PUT = "index_put.default"
 # (call, op_type, input index) -> the position of the call's argument that input stands for, where the exporter
 # may fold what it reads there into an initializer named otherwise: where the call got None, its decomposition
 # reads a default of its own, and where it got a factory call's value (FACTORY_VALUE), that value transformed;
@@ -285,11 +304,10 @@ def made_inside_calls(graph: onnx.GraphProto) -> dict[str, str]:
     sizes = {t.name: int(np.prod(t.dims)) for t in graph.initializer}
     readers: dict[str, list[str]] = defaultdict(list)  # name -> per reading, who made it, or ""
     for node in graph.node:
-        record = recorded_call(node)
-        call, arguments = FX_CALL.search(record), call_arguments(record)
-        values = set(re.findall(r"%(\w+)", ", ".join(arguments)))
+        record = record_of(node)
+        arguments, values = record.arguments, record.values
         for index, name in enumerate(node.input):
-            key = (call.group(1) if call else "", node.op_type, index)
+            key = (record.call, node.op_type, index)
             largest = CALL_CONSTANT_INPUTS.get(key, 0)
             own = key in CALL_CONSTANT_INPUTS and name in sizes and (largest is None or sizes[name] <= largest)
             position = ARGUMENT_INPUTS.get(key, len(arguments))
@@ -402,7 +420,7 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> No
 
 
 # The argument that is the weight, in the calls that read one (the dynamo exporter's record of each node)
-WEIGHT_ARGUMENTS = {f"torch.ops.aten.{call}": 1 for call in (
+WEIGHT_ARGUMENTS = {call: 1 for call in (
     "linear.default", "conv1d.default", "conv2d.default", "conv3d.default", "convolution.default",
     "conv_transpose1d.default", "conv_transpose2d.input", "conv_transpose3d.input")}
 # The source model's calls whose result, folded by the exporter into an initializer named after it (torch.export
@@ -423,12 +441,10 @@ def folded_results(graph: onnx.GraphProto) -> dict[str, tuple[str, str]]:
     exporter names the initializer it folds that result into alike. Factory calls' results aside (constants)."""
     found: dict[str, tuple[str, str]] = {}
     for node in graph.node:
-        provenance = recorded_call(node)
-        call, names = FX_CALL.search(provenance), call_arguments(provenance)
-        values = set(re.findall(r"%(\w+)", ", ".join(names)))
+        record = record_of(node)
         for name in node.input:
-            if call and name in values and not FACTORY_VALUE.fullmatch(name):
-                found.setdefault(name, (re.sub(r"_\d+$", "", name), call.group(1).removeprefix("torch.ops.aten.")))
+            if record.call and name in record.values and not FACTORY_VALUE.fullmatch(name):
+                found.setdefault(name, (re.sub(r"_\d+$", "", name), record.call))
     return found
 
 
@@ -440,19 +456,17 @@ def computed_weights(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:
              for name, (made_by, reader) in folded_results(graph).items()
              if name in chosen and made_by not in STEP_PRESERVING_CALLS}
     for node in graph.node:
-        provenance = recorded_call(node)
-        call, names = FX_CALL.search(provenance), call_arguments(provenance)
-        if not (call and names and call.group(1) in WEIGHT_ARGUMENTS):
+        record = record_of(node)
+        names, position = record.arguments, WEIGHT_ARGUMENTS.get(record.call)
+        if position is None:
             continue
-        reader = call.group(1).removeprefix("torch.ops.aten.")
-        position = WEIGHT_ARGUMENTS[call.group(1)]
         weight = names[position] if len(names) > position else ""
         if not weight.startswith("%") or weight.startswith("%p_"):
             continue
         parameters = {re.sub(r"\W", "_", n[3:]) for n in names if n.startswith("%p_")}
         for name in node.input:
             if name in chosen and re.sub(r"\W", "_", name) not in parameters:
-                found.setdefault(name, f"{name} (the weight {weight} of {reader})")
+                found.setdefault(name, f"{name} (the weight {weight} of {record.call})")
     return list(found.values())
 
 
