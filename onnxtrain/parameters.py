@@ -440,12 +440,40 @@ def folded_results(graph: onnx.GraphProto) -> dict[str, tuple[str, str]]:
     the source model's calls: torch.export names a result after its call (%sigmoid, %embedding_1), and the
     exporter names the initializer it folds that result into alike. Factory calls' results aside (constants)."""
     found: dict[str, tuple[str, str]] = {}
+    made_in_forward = {name for name, sources in folded_sources(graph).items() if constant_sources(sources)}
     for node in graph.node:
         record = record_of(node)
         for name in node.input:
-            if record.call and name in record.values and not FACTORY_VALUE.fullmatch(name):
+            if (record.call and name in record.values and not FACTORY_VALUE.fullmatch(name)
+                    and name not in made_in_forward):
                 found.setdefault(name, (re.sub(r"_\d+$", "", name), record.call))
     return found
+
+
+# onnxscript's optimizer, which the dynamo exporter runs, records on the value_info of what it folds the values
+# it folded it from (transitively): parameters and buffers under their state names (model.logit_scale), lifted
+# constants (a torch.tensor made in forward: <module>.lifted_tensor_N), FX results (mul_4) and ONNX values (val_N)
+FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
+LIFTED_CONSTANT = re.compile(r"(?:[\w.]+\.)?lifted_tensor_\d+")
+
+
+def folded_sources(graph: onnx.GraphProto) -> dict[str, list[str]]:
+    """{value: the values the exporter folded it from}, where it recorded them (FOLDED_FROM)."""
+    found = {}
+    for info in graph.value_info:
+        record = {p.key: p.value for p in info.metadata_props}.get(FOLDED_FROM)
+        if record:
+            found[info.name] = re.findall(r"'([^']*)'", record)
+    return found
+
+
+def constant_sources(sources: list[str]) -> bool:
+    """Whether folded `sources` show a tensor the source model made in forward (a lifted constant, a factory
+    call's value) and no state of a submodule (a dotted name other than a lifted constant): DeBERTa's
+    sqrt(torch.tensor(d) * scale) is a constant, CLIP's logit_scale.exp() (from model.logit_scale) is not. A
+    root module's parameter has no dot: one folded with a lifted constant is taken for a constant."""
+    made = [s for s in sources if LIFTED_CONSTANT.fullmatch(s) or FACTORY_VALUE.fullmatch(s)]
+    return bool(made) and not any("." in s for s in sources if s not in made)
 
 
 def computed_weights(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:

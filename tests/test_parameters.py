@@ -360,6 +360,42 @@ def test_folds_that_train_as_their_parameters_are_not_warned_about():
     assert [str(w.message).split(":")[0] for w in record] == ["sigmoid (the result of sigmoid, read by mul.Tensor)"]
 
 
+def test_a_folded_constant_made_in_forward_is_no_parameter_function():
+    """The dynamo exporter folds DeBERTa's sqrt(torch.tensor(d) * scale), a 0-d tensor the model makes in forward,
+    into an initializer named sqrt, as it folds CLIP's logit_scale.exp() into exp: its record of what each was
+    folded from (a lifted constant; the parameter model.logit_scale) tells the constant, left out unwarned, from
+    the parameter's function, trained and warned about. Checked against what PyTorch's module holds."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.proj(x) / torch.sqrt(torch.tensor(x.size(-1), dtype=torch.float) * 2)
+
+    class Contrastive(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Scaled()
+            self.logit_scale = torch.nn.Parameter(torch.tensor(2.659))
+
+        def forward(self, x):
+            return self.inner(x) @ x.T * self.logit_scale.exp()
+
+    model = torch.onnx.export(Contrastive().eval(), (torch.randn(4, 8),), dynamo=True).model_proto
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    np.testing.assert_allclose(values["sqrt"], np.sqrt(16.0), rtol=1e-6)
+    np.testing.assert_allclose(values["exp"], np.exp(2.659), rtol=1e-6)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        chosen = select_trainable(model, None)
+    assert "exp" in chosen and "sqrt" not in chosen
+    assert [str(w.message).split(":")[0] for w in record] == ["exp (the result of exp, read by mul.Tensor)"]
+
+
 @pytest.mark.parametrize("copies, expected", [
     ("row", r"P \(along axis 0\): equal slices"),  # BERT's token-type row broadcast over the batch [2, 8, 32]
     ("block", r"P \(along axis 0, blocks of 4\): equal slices"),  # DeBERTa's position keys, repeat(batch, 1, 1)
