@@ -16,6 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only: never reach for th
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 BATCH = 2
@@ -220,6 +221,134 @@ class UNet(nn.Module):
         return self.out(nn.functional.leaky_relu(self.shuffle(h), 0.1))
 
 
+class DenseNet(nn.Module):
+    """Pre-activation BatchNorm-ReLU-Conv layers, each fed the concatenation of all earlier maps: BatchNorm with no
+    Conv before it, which the default exports keep (its scale and shift train)."""
+
+    def __init__(self, channels: int = 8, growth: int = 4, layers: int = 3, classes: int = 5):
+        super().__init__()
+        self.stem = nn.Conv2d(3, channels, 3, padding=1)
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.BatchNorm2d(channels + i * growth), nn.ReLU(),
+                          nn.Conv2d(channels + i * growth, growth, 3, padding=1, bias=False)) for i in range(layers))
+        self.transition = nn.Sequential(nn.BatchNorm2d(channels + layers * growth), nn.ReLU(),
+                                        nn.Conv2d(channels + layers * growth, 8, 1), nn.AvgPool2d(2))
+        self.head = nn.Linear(8, classes)
+
+    def forward(self, x):
+        features = [self.stem(x)]
+        for layer in self.layers:
+            features.append(layer(torch.cat(features, 1)))
+        return self.head(self.transition(torch.cat(features, 1)).mean((2, 3)))
+
+
+class VisionOps(nn.Module):
+    """A spatial transformer's warp (affine_grid, whose base grid the dynamo exporter folds, and grid_sample),
+    sub-pixel up- and downsampling, nearest and bicubic resizing, a ceil_mode max pool."""
+
+    def __init__(self, classes: int = 5):
+        super().__init__()
+        self.loc = nn.Sequential(nn.Conv2d(3, 4, 3, 2, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
+                                 nn.Linear(16, 6))
+        self.identity = nn.Parameter(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]))
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Tanh(), nn.Conv2d(8, 3 * 4, 3, padding=1))
+        self.mix = nn.Conv2d(3 * 4 + 3 * 3, 8, 3, padding=1)
+        self.head = nn.Linear(8, classes)
+
+    def forward(self, x):  # x [B, 3, 8, 8]
+        theta = (self.identity + 0.1 * self.loc(x)).view(-1, 2, 3)
+        warped = F.grid_sample(x, F.affine_grid(theta, list(x.shape), align_corners=False), align_corners=False)
+        big = F.pixel_shuffle(self.body(warped), 2)  # [B, 3, 16, 16]
+        small = F.pixel_unshuffle(big, 2)  # [B, 12, 8, 8]
+        resized = [F.interpolate(warped, scale_factor=2, mode="nearest"),
+                   F.interpolate(small[:, :3], size=(16, 16), mode="bicubic", align_corners=False),
+                   F.interpolate(small[:, 3:6], size=(16, 16), mode="bicubic", align_corners=True)]
+        h = torch.tanh(self.mix(torch.cat([big.repeat(1, 4, 1, 1), *resized], 1)))
+        return self.head(F.max_pool2d(h, 3, 2, 1, ceil_mode=True).amax((2, 3)))
+
+
+class Attention(nn.Module):
+    """nn.MultiheadAttention (batch_first) with a key_padding_mask of the padding tokens, its head-averaged weights
+    used too: it makes a float mask of zeros_like, which the dynamo exporter folds into an initializer."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        out, weights = self.attn(h, h, h, key_padding_mask=ids == PAD)
+        return self.head(out.mean(1)) + weights.mean(1)[:, :5]
+
+
+class Scans(nn.Module):
+    """cumsum over learned values, topk / sort / argmax + gather picking values (values differentiable), and
+    sigmoid(decay) of a parameter, which the dynamo exporter folds into a tensor of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(12, 16)
+        self.decay = nn.Parameter(torch.full((SEQ, 16), 0.9))
+        self.head = nn.Linear(16 * 3 + 4 + SEQ, 5)
+
+    def forward(self, x):
+        h = self.a(x)
+        c = torch.cumsum(h, dim=1)
+        p = torch.cumsum(torch.sigmoid(self.decay) * torch.tanh(h), dim=1).flip(1)
+        top, _ = torch.topk(h.mean(1), 4, dim=-1)
+        ordered, _ = torch.sort(h[:, -1], dim=-1, descending=True)
+        picked = torch.gather(c, -1, torch.argmax(h, dim=-1, keepdim=True)).squeeze(-1)
+        return self.head(torch.cat([c.mean(1), p.sum(1), ordered, top, picked], -1))
+
+
+class Scatter(nn.Module):
+    """scatter_add into torch.zeros (folded into an initializer by the dynamo exporter), scatter_reduce amax,
+    index_select, argsort + gather, the indices buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(12, 16)
+        self.register_buffer("route", torch.tensor([0, 2, 1, 0, 3, 2, 1, 3]))
+        self.register_buffer("pick", torch.tensor([5, 1, 7, 2]))
+        self.head = nn.Linear(16 * 3 + SEQ, 5)
+
+    def forward(self, x):
+        h = self.a(x)  # [B, S, 16]
+        index = self.route.view(1, SEQ, 1).expand(h.shape[0], SEQ, 16)
+        pooled = torch.zeros(h.shape[0], 4, 16).scatter_add(1, index, h)
+        largest = torch.full((h.shape[0], 4, 16), -1.0).scatter_reduce(1, index, h * 2, "amax")
+        chosen = torch.index_select(h, 1, self.pick)
+        gathered = torch.gather(h[:, :, 1], 1, torch.argsort(h[:, :, 0], dim=1))
+        return self.head(torch.cat([pooled.mean(1), largest.amax(1), chosen.mean(1), gathered], -1))
+
+
+class Norms(nn.Module):
+    """LayerNorm without affine parameters (its ones and zeros folded by the dynamo exporter), RMSNorm, Bilinear,
+    F.normalize, clamp with parameter bounds, where, logsumexp, var / std (both corrections), amax / amin, norm."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(12, 16)
+        self.ln = nn.LayerNorm(16, elementwise_affine=False)
+        self.rms = nn.RMSNorm(16, eps=1e-5)
+        self.bilinear = nn.Bilinear(16, 16, 8)
+        self.low = nn.Parameter(torch.full((16,), -0.5))
+        self.high = nn.Parameter(torch.full((16,), 0.2))
+        self.head = nn.Linear(8 + 16 * 2 + 8, 5)
+
+    def forward(self, x):
+        h = self.a(x)
+        r = self.rms(h)
+        b = self.bilinear(self.ln(h), r).mean(1)
+        w = torch.where(h > 0.3, F.normalize(h, dim=-1), torch.clamp(h, self.low, self.high)).mean(1)
+        stats = torch.stack([torch.logsumexp(h, dim=(1, 2)), h.var(dim=(1, 2)), h.var(dim=(1, 2), unbiased=False),
+                             h.std(dim=(1, 2)), h.std(dim=(1, 2), correction=0), h.amax(dim=(1, 2)),
+                             h.amin(dim=(1, 2)), torch.norm(h, dim=(1, 2))], -1)
+        return self.head(torch.cat([b, w, r.amax(1), torch.tanh(0.1 * stats)], -1))
+
+
 class LoopModule(nn.Module):
     """A recurrence scripted with a Python for loop over a fixed count. TorchScript's exporter unrolls the fixed
     count (four Gemm, Add, Tanh); a fed count stays an ONNX Loop (tests/test_remat.py trains one)."""
@@ -350,6 +479,50 @@ def whisper_encoder() -> nn.Module:
     return perturbed(Logits(WhisperEncoder(config), ("input_features",), "last_hidden_state"))
 
 
+IDS_MASK = ("input_ids", "attention_mask")
+
+
+def deberta_v2() -> nn.Module:
+    """Disentangled relative attention (content-to-position and position-to-content scores gathered by relative
+    distance, 8 buckets) over absolute positions; the dynamo export folds the position projections repeated per
+    sequence."""
+    return hugging_face("DebertaV2Config", "DebertaV2ForSequenceClassification", IDS_MASK, **ENCODER,
+                        max_position_embeddings=32, relative_attention=True, position_buckets=8,
+                        pos_att_type=["p2c", "c2p"], pad_token_id=0, pooler_dropout=0.0, pooler_hidden_size=32,
+                        attn_implementation="eager")
+
+
+def bart() -> nn.Module:
+    """An encoder-decoder the dynamo exporter exports (T5 fails there): one embedding shared by the encoder, the
+    decoder and the head (padding row 1), learned positions offset by 2, and final_logits_bias, a buffer."""
+    return hugging_face("BartConfig", "BartForConditionalGeneration", IDS_MASK + ("decoder_input_ids",),
+                        vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32,
+                        use_cache=False, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+                        attn_implementation="eager", dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+
+
+def bloom() -> nn.Module:
+    """ALiBi position biases (per-head slopes, which the dynamo exporter folds, times the attention mask's running
+    count), LayerNorm after the embedding, the head tied to it."""
+    return hugging_face("BloomConfig", "BloomForCausalLM", IDS_MASK, vocab_size=VOCAB, hidden_size=32, n_layer=2,
+                        n_head=4, hidden_dropout=0.0, attention_dropout=0.0, use_cache=False, pad_token_id=0,
+                        bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+
+
+def clip() -> nn.Module:
+    """A text and a vision tower in one graph: the text pooled at argmax(input_ids), both L2-normalized, logits
+    exp(logit_scale) * text @ image.T (the dynamo exporter folds the exp)."""
+    import transformers
+
+    text = dict(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                max_position_embeddings=SEQ, projection_dim=8, bos_token_id=0, eos_token_id=2, pad_token_id=1)
+    vision = dict(image_size=16, patch_size=4, num_channels=3, hidden_size=16, intermediate_size=32,
+                  num_hidden_layers=1, num_attention_heads=2, projection_dim=8)
+    config = transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=8)
+    return perturbed(Logits(transformers.CLIPModel(config), ("input_ids", "pixel_values"), "logits_per_image"))
+
+
 def tokens(rng: np.random.Generator) -> np.ndarray:
     return rng.integers(1, VOCAB, size=(BATCH, SEQ)).astype(np.int64)
 
@@ -369,6 +542,17 @@ def padded(pad: int = PAD, with_mask: bool = False) -> Callable[[np.random.Gener
 
 def mask() -> np.ndarray:
     return np.ones((BATCH, SEQ), np.int64)
+
+
+def unpadded_pairs(rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """An encoder-decoder's inputs without its padding token 1 (a tied table's padding row also takes the head's
+    gradient, which only PyTorch keeps apart), an attention mask with padding, decoder tokens."""
+    ids = lambda: rng.integers(2, VOCAB, size=(BATCH, SEQ)).astype(np.int64)  # noqa: E731
+    return ids(), padded(1, with_mask=True)(rng)[1], ids()
+
+
+def text_and_image(rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    return tokens(rng), rng.normal(size=(BATCH, 3, 16, 16)).astype(np.float32)
 
 
 def normal(*shape: int) -> Callable[[np.random.Generator], tuple[np.ndarray, ...]]:
@@ -412,6 +596,16 @@ ZOO: dict[str, ZooModel] = {
     "torch_transformer": ZooModel(lambda: perturbed(TorchTransformer()), padded(), "cross_entropy", classes),
     "textcnn": ZooModel(lambda: perturbed(TextCNN()), padded(), "cross_entropy", classes),
     "unet": ZooModel(lambda: perturbed(UNet()), normal(3, 16, 16), "mse", regression),
+    "deberta_v2": ZooModel(deberta_v2, padded(with_mask=True), "cross_entropy", classes),
+    "bart": ZooModel(bart, unpadded_pairs, "mse", regression),
+    "bloom": ZooModel(bloom, lambda rng: (tokens(rng), mask()), "mse", regression),
+    "clip": ZooModel(clip, text_and_image, "cross_entropy", classes),
+    "densenet": ZooModel(lambda: perturbed(DenseNet()), normal(3, 16, 16), "cross_entropy", classes),
+    "vision_ops": ZooModel(lambda: perturbed(VisionOps()), normal(3, 8, 8), "cross_entropy", classes),
+    "attention": ZooModel(lambda: perturbed(Attention()), padded(), "cross_entropy", classes),
+    "scans": ZooModel(lambda: perturbed(Scans()), normal(SEQ, 12), "cross_entropy", classes),
+    "scatter": ZooModel(lambda: perturbed(Scatter()), normal(SEQ, 12), "mse", regression),
+    "norms": ZooModel(lambda: perturbed(Norms()), normal(SEQ, 12), "mse", regression),
     "script_loop": ZooModel(scripted_loop, normal(16), "mse", regression),
 }
 
