@@ -539,31 +539,31 @@ def repetition(a: np.ndarray) -> str:
     if axes:
         axis, block = axes[0]
         return f"along axis {axis}" + (f", blocks of {block}" if block > 1 else "")
-    distinct = repeated_values(a)
-    return f"{min(a.size, REPEATS_SAMPLE)} values, {distinct} distinct" if distinct else ""
+    return repeated_values(a)
 
 
 REPEATS_MIN = 16  # distinct values: a structured initialization (identity, Dirac, STN's [1, 0, 0, 0, 1, 0]) has fewer
 REPEATS_SAMPLE = 4096  # the leading values looked at: sorting a whole embedding table costs seconds
 
 
-def repeated_values(a: np.ndarray) -> int:
-    """The number of distinct values among the first REPEATS_SAMPLE of a 32- or 64-bit float `a` when it is at
-    most half of them and at least REPEATS_MIN, else 0: a gather of a parameter with repeated indices that the
+def repeated_values(a: np.ndarray) -> str:
+    """How many distinct values the first REPEATS_SAMPLE nonzero values of a 32- or 64-bit float `a` hold, when
+    it is at most half of them and at least REPEATS_MIN ("" otherwise): a gather of a parameter with repeated indices that the
     exporter folded (TorchScript folds Swin's relative_position_bias_table[relative_position_index], 49 values
-    into 256 per head). A trained weight's values are distinct but for those that start or are stored so: a
+    into 256 per head). A trained weight's nonzero values are distinct but for those that start or are stored so: a
     structured initialization's few values (an identity; all equal, the merged and constant rules' case) and
     values a 16-bit float holds exactly (weights trained in bfloat16 and stored in float32 repeat at its
     precision)."""
-    if a.dtype.itemsize < 4 or a.size < 2 * REPEATS_MIN:
-        return 0
-    sample = a.reshape(-1)[:REPEATS_SAMPLE]
+    flat = a.reshape(-1)[:REPEATS_SAMPLE]
+    sample = flat[flat != 0]  # a pruned weight's zeros repeat; its other values do not
+    if a.dtype.itemsize < 4 or sample.size < 2 * REPEATS_MIN:
+        return ""
     distinct = np.unique(sample).size
     if not REPEATS_MIN <= distinct <= sample.size // 2 or any(
             np.array_equal(sample.astype(narrow).astype(sample.dtype), sample)
             for narrow in (np.float16, ml_dtypes.bfloat16)):
-        return 0
-    return distinct
+        return ""
+    return f"{sample.size} values, {distinct} distinct"
 
 
 def repeated_axes(a: np.ndarray) -> list[tuple[int, int]]:

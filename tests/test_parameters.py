@@ -479,12 +479,14 @@ def test_a_folded_gather_of_a_relative_position_bias_table_is_warned_about():
         assert select_trainable(added_to_scores(gathered), None) == ["B", "M"]
 
 
-@pytest.mark.parametrize("values", ["trained", "bfloat16", "identity"])
+@pytest.mark.parametrize("values", ["trained", "pruned", "bfloat16", "identity"])
 def test_weights_that_repeat_values_by_design_are_not_warned_about(values):
-    """A trained float32 weight, one trained in bfloat16 and stored in float32 (it repeats at bfloat16's
-    precision), and a fresh identity initialization (a few values) are not folded gathers."""
+    """A trained float32 weight, one pruned to 70% zeros, one trained in bfloat16 and stored in float32 (it repeats
+    at bfloat16's precision), and a fresh identity initialization (a few values) are not folded gathers."""
     rng = np.random.default_rng(6)
-    weight = {"trained": rng.normal(0, 0.02, size=(1, 2, 16, 16)),
+    pruned = rng.normal(0, 0.02, size=(1, 2, 16, 16))
+    pruned[np.abs(pruned) < np.quantile(np.abs(pruned), 0.7)] = 0
+    weight = {"trained": rng.normal(0, 0.02, size=(1, 2, 16, 16)), "pruned": pruned,
               "bfloat16": rng.normal(0, 0.02, size=(1, 2, 16, 16)).astype(ml_dtypes.bfloat16).astype(np.float32),
               "identity": np.broadcast_to(np.eye(16), (1, 2, 16, 16)) + np.arange(2)[None, :, None, None]}[values]
     assert default_set(added_to_scores(weight)) == ["B", "M"]
