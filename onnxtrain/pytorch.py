@@ -4,7 +4,7 @@ trainable on exactly the parameters PyTorch would train. torch is imported only 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import onnx
 
@@ -12,25 +12,34 @@ from .authoring import make_trainable
 from .errors import AuthoringError
 
 
-def from_torch(module: Any, example_inputs: Sequence[Any], *, input_names: Sequence[str] | None = None,
-               output_names: Sequence[str] | None = None, dynamic_shapes: Any = None,
-               **options: Any) -> onnx.ModelProto:
+def from_torch(module: Any, example_inputs: Sequence[Any], *, kwargs: Mapping[str, Any] | None = None,
+               input_names: Sequence[str] | None = None, output_names: Sequence[str] | None = None,
+               dynamic_shapes: Any = None, **options: Any) -> onnx.ModelProto:
     """make_trainable(torch.onnx.export(module, example_inputs, dynamo=True, optimize=False), trainable=...) where
     the trainable names are the module's parameters that require a gradient. optimize=False keeps each parameter
     one initializer under its own name: the optimizing pass folds transposes into weights, lifts scalar constants,
     merges equal-valued initializers and unties tied ones. A tied parameter (one tensor, several names) is the
     initializer under whichever of its names the exporter kept; a parameter the forward never reads is not
-    exported, and PyTorch gives it no gradient either. `options` go to make_trainable (loss, optimizer, ...)."""
+    exported, and PyTorch gives it no gradient either. `kwargs` are forward's keyword arguments (Hugging Face's
+    `labels=`), as torch.onnx.export's. Without `output_names`, the outputs of a forward that returns a dict or a
+    ModelOutput are named after its keys (`loss`, `logits`: `prediction="logits"`, `loss="output:loss"`), where the
+    exporter names them after the op that made them (`linear_7`). `options` go to make_trainable (loss,
+    optimizer, ...)."""
     import torch
 
     if "trainable" in options:
         raise AuthoringError("from_torch: trainable is the module's parameters that require a gradient; call "
                              "torch.onnx.export and make_trainable yourself to choose others")
+    if isinstance(example_inputs, Mapping):
+        raise AuthoringError("from_torch: example_inputs are forward's positional arguments, a tuple; pass keyword "
+                             "arguments as kwargs={...}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        program = torch.onnx.export(module, tuple(example_inputs), dynamo=True, optimize=False, verbose=False,
-                                    input_names=input_names, output_names=output_names,
-                                    dynamic_shapes=dynamic_shapes)
+        program = torch.onnx.export(module, tuple(example_inputs), kwargs=None if kwargs is None else dict(kwargs),
+                                    dynamo=True, optimize=False, verbose=False, input_names=input_names,
+                                    output_names=output_names, dynamic_shapes=dynamic_shapes)
+    if output_names is None:
+        name_outputs_by_key(program)
     model = program.model_proto
     initializers = {t.name for t in model.graph.initializer}
     names_of: dict[int, list[str]] = {}
@@ -41,3 +50,49 @@ def from_torch(module: Any, example_inputs: Sequence[Any], *, input_names: Seque
     trainable = [next(n for n in names if n in initializers) for key, names in names_of.items()
                  if required[key] and any(n in initializers for n in names)]
     return make_trainable(model, trainable=trainable, **options)
+
+
+def name_outputs_by_key(program: Any) -> None:
+    """Renames the outputs of an export whose forward returned a mapping (a dict, a Hugging Face ModelOutput) after
+    their keys, nested ones joined with '.' (`past.0`), as torch.export's output spec records them. An output that
+    is also a graph input or initializer, returned twice, or whose key another value already holds keeps the
+    exporter's name: renaming it would rename that value too, or name two values alike."""
+    spec = program.exported_program.call_spec.out_spec
+    outputs = list(program.model.graph.outputs)
+    if spec is None or spec.num_leaves != len(outputs) or keys_of(spec) is None:
+        return
+    taken = {value.name for value in values_of(program.model.graph)}
+    for value, path in zip(outputs, leaf_paths(spec)):
+        name = ".".join(path)
+        if (name not in taken and not value.is_graph_input() and not value.is_initializer()
+                and outputs.count(value) == 1):
+            taken.discard(value.name)
+            value.name = name
+            taken.add(name)
+
+
+def keys_of(spec: Any) -> list[str] | None:
+    """A pytree node's child keys where it is a mapping (its context the list of its keys), else None."""
+    context = spec.context
+    if isinstance(context, (list, tuple)) and len(context) == spec.num_children and all(
+            isinstance(k, str) for k in context):
+        return list(context)
+    return None
+
+
+def leaf_paths(spec: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Each leaf's path of keys (a sequence's positions as numbers), in flattening order."""
+    if spec.is_leaf():
+        return [path]
+    keys = keys_of(spec) or [str(i) for i in range(spec.num_children)]
+    return [leaf for key, child in zip(keys, spec.children()) for leaf in leaf_paths(child, path + (key,))]
+
+
+def values_of(graph: Any) -> list[Any]:
+    """Every value of an onnx_ir graph, its subgraphs' included: the names an output's new name must not take."""
+    import onnx_ir as ir
+
+    values = [*graph.inputs, *graph.initializers.values()]
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        values.extend(node.outputs)
+    return values

@@ -317,3 +317,48 @@ def test_names_given_exactly():
     shape = next(t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT64)
     with pytest.raises(AuthoringError, match="not float initializers"):
         onnxtrain.make_trainable(model, trainable=[shape])
+
+
+class LossInForward(torch.nn.Module):
+    """A Hugging Face-style head: forward computes its own loss from keyword `labels` and returns a mapping."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = torch.nn.Linear(4, 6), torch.nn.Linear(6, 3)
+
+    def forward(self, x, labels=None):
+        hidden = torch.tanh(self.body(x))
+        logits = self.head(hidden)
+        return {"hidden": hidden, "logits": logits, "loss": F.cross_entropy(logits, labels)}
+
+
+def test_from_torch_names_a_mapping_s_outputs_after_its_keys_and_takes_keyword_arguments():
+    """kwargs= reaches forward as keyword arguments, and a returned dict's outputs are named after its keys (the
+    exporter had named them `tanh`, `linear_1`, `cross_entropy_loss`), so loss="output:loss" names the loss forward
+    computed: training on it is PyTorch's loop on the same loss."""
+    torch.manual_seed(0)
+    module = perturbed(LossInForward())
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(3, 4)).astype(np.float32)
+    labels = np.array([0, 2, 1])
+    trainable = onnxtrain.from_torch(module, (torch.from_numpy(x),), kwargs={"labels": torch.from_numpy(labels)},
+                                     loss="output:loss", optimizer="sgd", learning_rate=LR)
+    assert [o.name for o in trainable.graph.output] == ["hidden", "logits", "loss"]
+    assert [i.name for i in trainable.graph.input] == ["x", "labels"]
+    engine = onnxtrain.load(trainable)
+    losses = [float(engine.train_step({"x": x, "labels": labels})["loss"]) for _ in range(STEPS)]
+    optimizer = torch.optim.SGD(module.parameters(), lr=LR)
+    expected = []
+    for _ in range(STEPS):
+        optimizer.zero_grad()
+        value = module(torch.from_numpy(x), labels=torch.from_numpy(labels))["loss"]
+        value.backward()
+        optimizer.step()
+        expected.append(value.item())
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    with torch.no_grad():
+        np.testing.assert_allclose(np.asarray(engine.infer({"x": x, "labels": labels})["logits"]),
+                                   module(torch.from_numpy(x), labels=torch.from_numpy(labels))["logits"].numpy(),
+                                   rtol=1e-5, atol=1e-6)
+    with pytest.raises(AuthoringError, match=r"pass keyword arguments as kwargs="):
+        onnxtrain.from_torch(module, {"x": torch.from_numpy(x)}, loss="output:loss")
