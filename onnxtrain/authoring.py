@@ -124,8 +124,9 @@ def add_loss(b: Builder, graph: onnx.GraphProto, loss: str, prediction: str, ign
         raise AuthoringError(f"label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
     if loss.startswith("output:"):
         name = loss.partition(":")[2]
-        float_tensor(graph, name, "loss output")
-        b.node("ReduceSum", [name], ["loss"], keepdims=0)  # a scalar stays as it is; a vector is summed
+        value_type = float_tensor(graph, name, "loss output")
+        if name != "loss" or dims(value_type) != []:  # an output named "loss", 0-d, is the algorithm's loss itself
+            b.node("ReduceSum", [name], ["loss"], keepdims=0)  # a scalar stays as it is; a vector is summed
         return []
     pred_type = float_tensor(graph, prediction, "prediction")
     if loss == "mse":
@@ -282,6 +283,7 @@ def make_trainable(
     add_update(b, params, weights, update, rows)
     if reinitialize:
         reinitialize_weights(b, params, weights)
+    check_names_free(graph, b, inputs)
     outputs = [helper.make_value_info(value, value_type) for _, value, value_type in b.updates]
     algorithm = helper.make_graph(
         b.nodes, "train_step", inputs, [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])] + outputs,
@@ -294,6 +296,19 @@ def make_trainable(
         result.opset_import.append(helper.make_opsetid(TRAINING_DOMAIN, 1))
     result.ir_version = max(result.ir_version, 7)
     return result
+
+
+def check_names_free(graph: onnx.GraphProto, b: Builder, inputs: list[onnx.ValueInfoProto]) -> None:
+    """The algorithm graph reads the inference graph's values by name, so a name it defines (`target`,
+    `learning_rate`, `loss`, `<param>.next`, ...) that the model already holds would shadow the model's value: a
+    model output named `target` was read as the target (a shape error at the first step). Refused here."""
+    ours = {i.name for i in inputs} | {t.name for t in b.initializers} | {o for n in b.nodes for o in n.output}
+    theirs = ({i.name for i in graph.input} | {t.name for t in graph.initializer}
+              | {o for n in graph.node for o in n.output})
+    if clash := sorted(ours & theirs - {""}):
+        raise AuthoringError(f"the model already has values named {clash}, names the training graph gives its "
+                             f"own (the target, the loss, the rate, updated weights): rename them in the model "
+                             f"(torch.onnx.export's or from_torch's output_names=)")
 
 
 def reinitialize_weights(b: Builder, params: list[str], weights: dict[str, np.ndarray]) -> None:

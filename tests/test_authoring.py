@@ -325,3 +325,35 @@ def test_a_trainable_pattern_that_is_no_regular_expression_is_an_authoring_error
 
     with pytest.raises(AuthoringError, match=r"trainable 'W\(' is not a regular expression"):
         onnxtrain.make_trainable(linear_model(), trainable="W(")
+
+
+def model_with_outputs(*names: str) -> onnx.ModelProto:
+    """Z = X W, and outputs `names` among Z, loss = mean(Z^2) and target = 2 Z (what a module returning a dict
+    {"loss": ..., "target": ...} exports under its keys)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("MatMul", ["X", "W"], ["Z"]), helper.make_node("Mul", ["Z", "Z"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq"], ["loss"], keepdims=0),
+             helper.make_node("Add", ["Z", "Z"], ["target"])]
+    shapes = {"Z": [2, 3], "loss": [], "target": [2, 3]}
+    graph = helper.make_graph(
+        nodes, "m", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shapes[n]) for n in names],
+        [numpy_helper.from_array(np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3), "W")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_output_named_loss_is_the_loss_and_other_names_of_the_training_graph_are_refused():
+    """loss="output:loss" on a 0-d output named "loss" (a Hugging Face model's) trains on it: the SGD step is
+    NumPy's. A model value named as one the training graph defines (`target`) would shadow the fed target: refused
+    when authoring, not a shape error at the first step."""
+    x = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
+    model = model_with_outputs("loss", "Z")
+    w = onnx.numpy_helper.to_array(model.graph.initializer[0])
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="output:loss", optimizer="sgd", learning_rate=0.1))
+    loss = float(engine.train_step({"X": x})["loss"])
+    z = x @ w
+    np.testing.assert_allclose(loss, np.mean(z * z), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(engine.state["W"]), w - 0.1 * x.T @ (2 * z / z.size), rtol=1e-5)
+    with pytest.raises(onnxtrain.errors.AuthoringError, match=r"already has values named \['loss', 'target'\]"):
+        onnxtrain.make_trainable(model_with_outputs("Z", "target"), loss="mse")
