@@ -132,3 +132,21 @@ def test_sce_is_usable_as_a_training_loss_under_jit():
     value, grad = step(jnp.asarray(scores))
     np.testing.assert_allclose(value, numpy_loss(log_softmax(scores), labels), rtol=1e-5)
     np.testing.assert_allclose(grad.sum(axis=1), 0, atol=1e-6)  # softmax minus one-hot sums to zero per row
+
+
+@pytest.mark.parametrize("ignore_index", [None, -100])
+def test_a_label_outside_the_classes_is_a_nan_loss_not_the_clipped_class_s(ignore_index):
+    """A label outside [0, C) that is not ignore_index has no loss: PyTorch raises ('Target 7 is out of bounds'),
+    ONNX Runtime too. It is NaN in the per-sample losses and their mean, where the clipped gather had computed
+    class C - 1's loss; the other samples' losses and gradients are NumPy's."""
+    scores, labels = scores_and_labels(np.float64, shape=(4, 3))
+    labels[1] = 7
+    loss, _ = losses.softmax_cross_entropy_loss(scores, labels, reduction="none", ignore_index=ignore_index)
+    want = numpy_loss(log_softmax(scores), labels, reduction="none")
+    assert np.isnan(loss[1])
+    np.testing.assert_allclose(np.delete(np.asarray(loss), 1), np.delete(want, 1), rtol=1e-12)
+    assert np.isnan(losses.softmax_cross_entropy_loss(scores, labels, reduction="mean", ignore_index=ignore_index)[0])
+    grad = jax.grad(lambda s: losses.softmax_cross_entropy_loss(s, labels, reduction="sum")[0])(scores)
+    probs = np.exp(log_softmax(scores))
+    want_grad = (probs - np.eye(3)[np.clip(labels, 0, 2)]) * (labels != 7)[:, None]
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-10, atol=1e-12)

@@ -27,8 +27,13 @@ def class_loss(log_prob, target, weight=None, *, reduction: str, ignore_index: i
     index = jnp.clip(target, 0, classes - 1).astype(jnp.int32)
     picked = jnp.take_along_axis(log_prob.astype(dtype), index[:, None], axis=1)[:, 0]
     sample_weight = jnp.ones(target.shape, dtype) if weight is None else jnp.take(weight.astype(dtype), index)
+    valid = (target >= 0) & (target < classes)
     if ignore_index is not None:
         sample_weight = jnp.where(target == ignore_index, jnp.zeros((), dtype), sample_weight)
+        valid |= target == ignore_index
+    # any other target outside [0, C) has no loss (ONNX Runtime and PyTorch raise): NaN, not the clipped class's
+    # loss, so a label that does not fit the classes shows in the loss instead of training toward class C - 1
+    picked = jnp.where(valid, picked, jnp.full((), jnp.nan, dtype))
     losses = -picked * sample_weight
     if reduction == "none":
         total = losses
