@@ -211,7 +211,9 @@ def check_one(name: str, info: ValueInfo, value: Any, symbols: dict[str, tuple[i
     for axis, (want, got) in enumerate(zip(info.shape, shape)):
         if isinstance(want, int) and want != got:
             raise FeedError(
-                f"feed {name!r}: dimension {axis} must be {want} (shape {format_shape(info.shape)}), got {got}"
+                f"feed {name!r}: dimension {axis} must be {want} (shape {format_shape(info.shape)}), got {got}: "
+                f"the model fixes that size (an export keeps its example's sizes unless told which vary: "
+                f"torch.onnx.export's and from_torch's dynamic_shapes=)"
             )
         if isinstance(want, str):
             seen = symbols.setdefault(want, (got, f"{name!r} dimension {axis}"))

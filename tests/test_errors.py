@@ -70,7 +70,8 @@ FEEDS_OK = {"a": np.ones((2, 3), np.float32), "b": np.ones((2, 3), np.float32)}
         ({**FEEDS_OK, "bogus": FEEDS_OK["a"]}, r"unknown feed name\(s\) \['bogus'\]"),
         ({**FEEDS_OK, "b": np.ones((2, 3), np.int64)}, "feed 'b': expected dtype float, got int64"),
         ({**FEEDS_OK, "b": np.ones((2, 3, 1), np.float32)}, "feed 'b': expected rank 2"),
-        ({**FEEDS_OK, "b": np.ones((2, 4), np.float32)}, "feed 'b': dimension 1 must be 3"),
+        ({**FEEDS_OK, "b": np.ones((2, 4), np.float32)}, "feed 'b': dimension 1 must be 3 .* got 4: the model "
+         "fixes that size .* dynamic_shapes="),
         ({**FEEDS_OK, "b": np.ones((5, 3), np.float32)}, "feed 'b': dimension 0 \\('N'\\) is 5, but 'a' dimension 0"),
         # nested lists are one tensor, not the ONNX sequence a list feeds elsewhere, checked as any other
         ({**FEEDS_OK, "b": [[1.0] * 3]}, "feed 'b': dimension 0 \\('N'\\) is 1, but 'a' dimension 0"),
