@@ -54,21 +54,24 @@ def from_torch(module: Any, example_inputs: Sequence[Any], *, kwargs: Mapping[st
 
 def name_outputs_by_key(program: Any) -> None:
     """Renames the outputs of an export whose forward returned a mapping (a dict, a Hugging Face ModelOutput) after
-    their keys, nested ones joined with '.' (`past.0`), as torch.export's output spec records them. An output that
-    is also a graph input or initializer, returned twice, or whose key another value already holds keeps the
-    exporter's name: renaming it would rename that value too, or name two values alike."""
+    their keys, nested ones joined with '.' (`hidden_states.0`), as torch.export's output spec records them. A value
+    returned under several keys (BertModel's last_hidden_state, also its last hidden_states) takes the first. An
+    output that is also a graph input or initializer, or whose key another value already holds, keeps the
+    exporter's name: renaming it would rename that input too, or name two values alike."""
     spec = program.exported_program.call_spec.out_spec
     outputs = list(program.model.graph.outputs)
     if spec is None or spec.num_leaves != len(outputs) or keys_of(spec) is None:
         return
     taken = {value.name for value in values_of(program.model.graph)}
+    renamed: set[int] = set()
     for value, path in zip(outputs, leaf_paths(spec)):
         name = ".".join(path)
-        if (name not in taken and not value.is_graph_input() and not value.is_initializer()
-                and outputs.count(value) == 1):
+        if (id(value) not in renamed and name not in taken and not value.is_graph_input()
+                and not value.is_initializer()):
             taken.discard(value.name)
             value.name = name
             taken.add(name)
+            renamed.add(id(value))
 
 
 def keys_of(spec: Any) -> list[str] | None:

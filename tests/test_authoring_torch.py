@@ -329,7 +329,7 @@ class LossInForward(torch.nn.Module):
     def forward(self, x, labels=None):
         hidden = torch.tanh(self.body(x))
         logits = self.head(hidden)
-        return {"hidden": hidden, "logits": logits, "loss": F.cross_entropy(logits, labels)}
+        return {"hidden": hidden, "logits": logits, "loss": F.cross_entropy(logits, labels), "scores": logits}
 
 
 def test_from_torch_names_a_mapping_s_outputs_after_its_keys_and_takes_keyword_arguments():
@@ -343,7 +343,7 @@ def test_from_torch_names_a_mapping_s_outputs_after_its_keys_and_takes_keyword_a
     labels = np.array([0, 2, 1])
     trainable = onnxtrain.from_torch(module, (torch.from_numpy(x),), kwargs={"labels": torch.from_numpy(labels)},
                                      loss="output:loss", optimizer="sgd", learning_rate=LR)
-    assert [o.name for o in trainable.graph.output] == ["hidden", "logits", "loss"]
+    assert [o.name for o in trainable.graph.output] == ["hidden", "logits", "loss", "logits"]
     assert [i.name for i in trainable.graph.input] == ["x", "labels"]
     engine = onnxtrain.load(trainable)
     losses = [float(engine.train_step({"x": x, "labels": labels})["loss"]) for _ in range(STEPS)]
