@@ -38,6 +38,9 @@ OP_TYPES = {"momentum": "Momentum", "nesterov": "Momentum", "adagrad": "Adagrad"
 # Attributes weight_decay replaces: one mechanism for every optimizer, with torch's no-decay groups
 REPLACED = {"norm_coefficient": "weight_decay", "norm_coefficient_post": "optimizer='adamw' and weight_decay"}
 ADAM_DEFAULTS = {"alpha": 0.9, "beta": 0.999, "epsilon": 1e-8}  # torch.optim.Adam's betas and eps
+# torch.optim's defaults where the op's differ: Adagrad's eps is 1e-10, the op's 1e-6 (sqrt(h) of a gradient of
+# 1e-3 is 1e-3, so 1e-6 moved the weights 0.1%; 5 steps of a small BERT 30% on a near-zero-gradient bias)
+OP_DEFAULTS = {"adagrad": {"epsilon": 1e-10}, "adam": ADAM_DEFAULTS, "adamw": ADAM_DEFAULTS}
 ADAMW_WEIGHT_DECAY = 0.01  # torch.optim.AdamW's default
 CLIP_EPSILON = 1e-6  # torch.nn.utils.clip_grad_norm_ divides max_norm by (total norm + 1e-6)
 
@@ -47,7 +50,7 @@ class Update:
     """What make_trainable's optimizer options ask for, checked."""
 
     optimizer: str
-    options: dict[str, float]  # the op's attributes (Adam's: alpha = beta1, beta = beta2, epsilon)
+    options: dict[str, float]  # the op's attributes (Adam's: alpha = beta1, beta = beta2, epsilon), torch's defaults
     weight_decay: float
     no_decay: str | bool  # a regular expression searched in names, or True: every parameter of rank <= 1
     clip_grad_norm: float | None
@@ -86,6 +89,7 @@ def check_update(optimizer: str, options: dict[str, float], weight_decay: float 
         raise AuthoringError(f"clip_grad_norm must be a finite number > 0, got {clip_grad_norm!r}")
     if not is_integer(accumulate) or accumulate < 1:
         raise AuthoringError(f"accumulate must be an integer >= 1 (micro-batches per update), got {accumulate!r}")
+    options = {**OP_DEFAULTS.get(optimizer, {}), **options}
     return Update(optimizer, {k: float(v) for k, v in options.items()}, float(weight_decay), no_decay,
                   None if clip_grad_norm is None else float(clip_grad_norm), int(accumulate))
 
@@ -135,7 +139,7 @@ def add_update(b: Builder, params: list[str], weights: dict[str, np.ndarray], up
     else:
         grads.update(decay_gradients(b, to_decay, grads, elems, update.weight_decay))
     if update.optimizer in ("adam", "adamw"):
-        adam(b, params, values, grads, weights, elems, {**ADAM_DEFAULTS, **update.options})
+        adam(b, params, values, grads, weights, elems, update.options)
     elif update.optimizer == "sgd":
         sgd(b, params, grads, elems)
     else:

@@ -1,6 +1,6 @@
 """make_trainable's optimizers against PyTorch loops: torch.optim.Adam, AdamW (with and without no-decay groups),
-SGD with momentum and weight decay, torch.nn.utils.clip_grad_norm_, and gradient accumulation against one big
-batch. The model is a small MLP with a LayerNorm, written with onnx.helper under the torch module's parameter
+Adagrad, SGD with momentum and weight decay, torch.nn.utils.clip_grad_norm_, and gradient accumulation against one
+big batch. The model is a small MLP with a LayerNorm, written with onnx.helper under the torch module's parameter
 names and holding its weights (what torch.onnx.export(..., dynamo=True, optimize=False) keeps, without its cost)."""
 
 from __future__ import annotations
@@ -112,6 +112,11 @@ CASES = {
                             lambda m: torch.optim.AdamW(groups(m, rank_at_most_1, 2.0), lr=LR)),
     "adamw_no_decay_names": ({"optimizer": "adamw", "weight_decay": 2.0, "no_decay": r"bias|^1\."},
                              lambda m: torch.optim.AdamW(groups(m, bias_or_norm, 2.0), lr=LR)),
+    # torch's eps 1e-10, not the Adagrad op's 1e-6 (which moved these weights up to 3e-4 relative in 5 steps)
+    "adagrad": ({"optimizer": "adagrad"}, lambda m: torch.optim.Adagrad(m.parameters(), lr=LR)),
+    "adagrad_decays": ({"optimizer": "adagrad", "decay_factor": 0.1, "epsilon": 1e-3, "weight_decay": 0.5},
+                       lambda m: torch.optim.Adagrad(m.parameters(), lr=LR, lr_decay=0.1, eps=1e-3,
+                                                     weight_decay=0.5)),
     "momentum_l2": ({"optimizer": "momentum", "weight_decay": 0.5, "no_decay": "bias"},
                     lambda m: torch.optim.SGD(groups(m, lambda n, p: "bias" in n, 0.5), lr=LR, momentum=0.9)),
 }
