@@ -18,7 +18,7 @@ from .optimizers import (  # noqa: F401 (OPTIMIZERS, STEP: API)
     LEARNING_RATE, OPTIMIZERS, STEP, add_update, check_update, is_number,
 )
 from .dtypes import TRAINING_FLOAT_TYPES
-from .parameters import running_statistics, select_trainable  # noqa: F401 (running_statistics: API)
+from .parameters import running_statistics, select_trainable, source_ranks  # noqa: F401 (running_statistics: API)
 from .train_mode import add_training_forward
 
 LOSSES = ("mse", "cross_entropy", "bce_logits")
@@ -279,8 +279,9 @@ def make_trainable(
                for t in graph.initializer}
     b.initializers.append(numpy_helper.from_array(np.asarray(learning_rate, np.float32), LEARNING_RATE))
     inputs.append(helper.make_tensor_value_info(LEARNING_RATE, TensorProto.FLOAT, []))
-    rows = padding_rows(result, params, padding_idx, {p: weights[p].shape for p in params})
-    add_update(b, params, weights, update, rows)
+    shapes = {p: weights[p].shape for p in params}
+    add_update(b, params, weights, update, padding_rows(result, params, padding_idx, shapes),
+               source_ranks(graph, shapes))
     if reinitialize:
         reinitialize_weights(b, params, weights)
     check_names_free(graph, b, inputs)

@@ -103,13 +103,14 @@ def is_integer(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def decayed(update: Update, params: list[str], weights: dict[str, np.ndarray]) -> list[str]:
+def decayed(update: Update, params: list[str], ranks: Mapping[str, int]) -> list[str]:
     """The parameters weight decay applies to: all but those `no_decay` names (Hugging Face's convention excludes
-    biases and LayerNorm weights: `no_decay=True` excludes every parameter of rank <= 1, which they are)."""
+    biases and LayerNorm weights: `no_decay=True` excludes every parameter of rank <= 1, which they are; `ranks`
+    are the parameters' own, before an exporter reshaped them: parameters.source_ranks)."""
     if update.weight_decay == 0:
         return []
     if update.no_decay is True:
-        return [p for p in params if weights[p].ndim >= 2]
+        return [p for p in params if ranks[p] >= 2]
     if update.no_decay is False:
         return list(params)
     excluded = [p for p in params if re.search(update.no_decay, p)]
@@ -120,9 +121,10 @@ def decayed(update: Update, params: list[str], weights: dict[str, np.ndarray]) -
 
 
 def add_update(b: Builder, params: list[str], weights: dict[str, np.ndarray], update: Update,
-               padding_rows: Mapping[str, int] | None = None) -> None:
+               padding_rows: Mapping[str, int] | None = None, ranks: Mapping[str, int] | None = None) -> None:
     """Append the Gradient node and everything after it, binding the new parameters and optimizer state;
-    `padding_rows`: {table: row} whose gradient row is zero (embedding_padding.py)."""
+    `padding_rows`: {table: row} whose gradient row is zero (embedding_padding.py); `ranks`: the parameters'
+    ranks for no_decay=True (default: their shapes')."""
     types = {p: helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(weights[p].dtype), weights[p].shape)
              for p in params}
     elems = {p: types[p].tensor_type.elem_type for p in params}
@@ -132,7 +134,7 @@ def add_update(b: Builder, params: list[str], weights: dict[str, np.ndarray], up
     grads = zero_rows(b, grads, padding_rows or {}, weights)
     accumulated = accumulate(b, grads, weights, elems, update.accumulate) if update.accumulate > 1 else grads
     grads = clip_by_global_norm(b, accumulated, elems, update.clip_grad_norm) if update.clip_grad_norm else accumulated
-    to_decay = decayed(update, params, weights)
+    to_decay = decayed(update, params, ranks or {p: weights[p].ndim for p in params})
     values = {p: p for p in params}  # what the rule updates: AdamW decays the parameters first
     if update.optimizer == "adamw":
         values.update(decay_parameters(b, to_decay, elems, update.weight_decay))

@@ -73,6 +73,37 @@ def uses(graph: onnx.GraphProto) -> dict[str, list[Use]]:
     return found
 
 
+# (op_type, input index) whose leading axis is the op's layout, not the parameter's: a recurrence's weights and
+# biases, [num_directions, ...]; B holds a direction's input and hidden biases (PyTorch's bias_ih, bias_hh) end to end
+DIRECTION_AXIS_INPUTS = {("LSTM", 1), ("LSTM", 2), ("LSTM", 3), ("GRU", 1), ("GRU", 2), ("GRU", 3),
+                         ("RNN", 1), ("RNN", 2), ("RNN", 3)}
+
+
+def source_ranks(graph: onnx.GraphProto, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+    """The rank each initializer had as a parameter before the exporter reshaped it for its readers, which is
+    what no_decay=True goes by (torch's p.ndim <= 1): less the direction axis of a recurrence's W, R and B, and 1
+    for a per-channel vector that only elementwise ops (and PRelu) read, shaped [C, 1, ..., 1] or [1, C, 1, 1] to
+    broadcast over the spatial axes (GroupNorm's scale and shift after InstanceNormalization, a PReLU slope). A
+    [1, 1, d] operand keeps its rank: nothing follows its vector, as a parameter made [1, 1, d] is shaped."""
+    used = uses(graph)
+    ranks = {}
+    for name, shape in shapes.items():
+        readers = used.get(name, [])
+        if readers and all(use in DIRECTION_AXIS_INPUTS for use in readers):
+            ranks[name] = len(shape) - 1
+        elif readers and per_channel(shape) and all(op in ELEMENTWISE_OPS or op == "PRelu" for op, _ in readers):
+            ranks[name] = 1
+        else:
+            ranks[name] = len(shape)
+    return ranks
+
+
+def per_channel(shape: tuple[int, ...]) -> bool:
+    """One axis longer than 1, followed by unit axes only: [C, 1, 1], [1, C, 1, 1]."""
+    longer = [i for i, d in enumerate(shape) if d > 1]
+    return len(longer) == 1 and longer[0] < len(shape) - 1
+
+
 def running_statistics(graph: onnx.GraphProto) -> set[str]:
     """The running mean and variance inputs of the graph's BatchNormalization nodes (subgraphs included)."""
     return {name for name, used in uses(graph).items() if ("BatchNormalization", 3) in used

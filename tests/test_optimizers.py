@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import onnx
@@ -137,6 +138,49 @@ def test_adam_first_step_is_torchs():
     _, after, _ = train_onnxtrain(data, optimizer="adam")
     move = np.abs(after["3.weight"] - before["3.weight"])
     np.testing.assert_allclose(move, LR, rtol=1e-3)
+
+
+class ReshapedParameters(torch.nn.Module if torch else object):
+    """Parameters of rank 1 that exporters reshape for their readers: PReLU's slope and GroupNorm's scale and shift
+    to [C, 1, 1] or [1, C, 1, 1], an LSTM's two biases concatenated into B [1, 8 * hidden] (W, R: [1, 4h, n])."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.prelu, self.norm = torch.nn.Conv2d(3, 4, 3), torch.nn.PReLU(4), torch.nn.GroupNorm(2, 4)
+        self.lstm, self.head = torch.nn.LSTM(4, 8, batch_first=True), torch.nn.Linear(8, 3)
+        with torch.no_grad():  # no two parameters equal (exporters merge equal ones: GroupNorm's ones, PReLU's 0.25)
+            for p in self.parameters():
+                p.add_(0.1 * torch.randn(p.shape))
+
+    def forward(self, x):
+        h = self.norm(self.prelu(self.conv(x))).flatten(2).transpose(1, 2)
+        return self.head(self.lstm(h)[0][:, -1])
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_no_decay_goes_by_the_parameters_rank_before_the_export_reshaped_it(dynamo, tmp_path):
+    """no_decay=True on a default export trains as torch's groups of p.ndim <= 1: the biases, PReLU and GroupNorm
+    parameters reshaped by the exporter were decayed as tensors of rank 2-4."""
+    torch.manual_seed(0)
+    m = ReshapedParameters().eval()
+    x, t = torch.randn(2, 3, 6, 6), torch.randn(2, 3)
+    torch.onnx.export(m, (x,), tmp_path / "m.onnx", dynamo=dynamo)
+    with warnings.catch_warnings():  # the export keeps one initializer per parameter: nothing to warn about
+        warnings.simplefilter("error", onnxtrain.ParameterizationWarning)
+        model = onnxtrain.make_trainable(onnx.load(tmp_path / "m.onnx"), loss="mse", optimizer="adamw",
+                                         learning_rate=0.05, weight_decay=2.0, no_decay=True)
+    engine = onnxtrain.load(model)
+    feeds = {model.graph.input[0].name: x.numpy(), "target": t.numpy()}
+    losses = [float(engine.train_step(feeds)["loss"]) for _ in range(STEPS)]
+    optimizer = torch.optim.AdamW(groups(m, rank_at_most_1, 2.0), lr=0.05)
+    expected = []
+    for _ in range(STEPS):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(m(x), t)
+        loss.backward()
+        optimizer.step()
+        expected.append(loss.item())
+    np.testing.assert_allclose(losses, expected, rtol=1e-4)
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
