@@ -116,7 +116,8 @@ def decayed(update: Update, params: list[str], ranks: Mapping[str, int]) -> list
     excluded = [p for p in params if re.search(update.no_decay, p)]
     if not excluded:
         raise AuthoringError(f"no_decay: no trainable parameter's name contains a match of {update.no_decay!r} "
-                             f"(parameters: {params[:20]})")
+                             f"(parameters: {params[:20]}); no_decay=True leaves out every parameter of rank <= 1 "
+                             f"(biases and norm weights, whatever their names: Llama's norms are not LayerNorm)")
     return [p for p in params if p not in excluded]
 
 
