@@ -64,10 +64,11 @@ def train_onnxtrain(data, rates=None, **options) -> tuple[list[float], dict[str,
     return losses, {n: np.asarray(v) for n, v in engine.state.items()}, engine
 
 
-def train_torch(data, make_optimizer, max_norm: float | None = None) -> tuple[list[float], dict, list[float]]:
-    """Each step: loss, backward, clip_grad_norm_ if asked, optimizer step; returns the losses, the final
-    parameters and the total gradient norms clip_grad_norm_ saw."""
-    m = module()
+def train_torch(data, make_optimizer, max_norm: float | None = None,
+                m: "torch.nn.Module | None" = None) -> tuple[list[float], dict, list[float]]:
+    """Each step of `m` (default: module()): loss, backward, clip_grad_norm_ if asked, optimizer step; returns the
+    losses, the final parameters and the total gradient norms clip_grad_norm_ saw."""
+    m = m or module()
     optimizer = make_optimizer(m)
     losses, norms = [], []
     for x, t in data:
@@ -172,14 +173,8 @@ def test_no_decay_goes_by_the_parameters_rank_before_the_export_reshaped_it(dyna
     engine = onnxtrain.load(model)
     feeds = {model.graph.input[0].name: x.numpy(), "target": t.numpy()}
     losses = [float(engine.train_step(feeds)["loss"]) for _ in range(STEPS)]
-    optimizer = torch.optim.AdamW(groups(m, rank_at_most_1, 2.0), lr=0.05)
-    expected = []
-    for _ in range(STEPS):
-        optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(m(x), t)
-        loss.backward()
-        optimizer.step()
-        expected.append(loss.item())
+    expected, _, _ = train_torch([(x.numpy(), t.numpy())] * STEPS,
+                                 lambda m: torch.optim.AdamW(groups(m, rank_at_most_1, 2.0), lr=0.05), m=m)
     np.testing.assert_allclose(losses, expected, rtol=1e-4)
 
 
