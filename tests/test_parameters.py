@@ -423,6 +423,7 @@ def test_alibi_slopes_are_settings(heads, shift, trained):
     slopes = bloom._get_alibi_slopes(heads, "cpu").numpy()[:, None] + shift
     nodes = [helper.make_node("Mul", ["S", "X"], ["P"]), helper.make_node("MatMul", ["P", "M"], ["Y"])]
     model = model_of(nodes, {"X": [2, 1, 8]}, {"S": slopes, "M": np.eye(8) + 0.1})
+    assert default_set(model) == trained
 
 
 def base_grid(height: int, width: int, align_corners: bool) -> np.ndarray:
