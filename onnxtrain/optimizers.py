@@ -122,20 +122,20 @@ def decayed(update: Update, params: list[str], ranks: Mapping[str, int]) -> list
 
 
 def add_update(b: Builder, params: list[str], weights: dict[str, np.ndarray], update: Update,
-               padding_rows: Mapping[str, int] | None = None, ranks: Mapping[str, int] | None = None) -> None:
+               padding_rows: Mapping[str, int], ranks: Mapping[str, int]) -> None:
     """Append the Gradient node and everything after it, binding the new parameters and optimizer state;
     `padding_rows`: {table: row} whose gradient row is zero (embedding_padding.py); `ranks`: the parameters'
-    ranks for no_decay=True (default: their shapes')."""
+    ranks for no_decay=True (parameters.source_ranks)."""
     types = {p: helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(weights[p].dtype), weights[p].shape)
              for p in params}
     elems = {p: types[p].tensor_type.elem_type for p in params}
     optimizer_updates = len(b.updates)  # train mode's running statistics, bound before, update every micro-batch
     grads = {p: f"{p}.grad" for p in params}
     b.node("Gradient", params, list(grads.values()), domain=TRAINING_DOMAIN, xs=params, y="loss")
-    grads = zero_rows(b, grads, padding_rows or {}, weights)
+    grads = zero_rows(b, grads, padding_rows, weights)
     accumulated = accumulate(b, grads, weights, elems, update.accumulate) if update.accumulate > 1 else grads
     grads = clip_by_global_norm(b, accumulated, elems, update.clip_grad_norm) if update.clip_grad_norm else accumulated
-    to_decay = decayed(update, params, ranks or {p: weights[p].ndim for p in params})
+    to_decay = decayed(update, params, ranks)
     values = {p: p for p in params}  # what the rule updates: AdamW decays the parameters first
     if update.optimizer == "adamw":
         values.update(decay_parameters(b, to_decay, elems, update.weight_decay))

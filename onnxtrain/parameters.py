@@ -252,9 +252,14 @@ FX_NODE = "pkg.torch.onnx.fx_node"
 FX_CALL = re.compile(r"target=([\w.]+)\]")
 
 
+def metadata(proto: onnx.NodeProto | onnx.ValueInfoProto, key: str) -> str:
+    """The value `proto`'s metadata_props hold under `key` ("" where they hold none)."""
+    return {p.key: p.value for p in proto.metadata_props}.get(key, "")
+
+
 def recorded_call(node: onnx.NodeProto) -> str:
     """The dynamo exporter's record of the PyTorch call `node` comes from ("" where there is none)."""
-    return {p.key: p.value for p in node.metadata_props}.get(FX_NODE, "")
+    return metadata(node, FX_NODE)
 
 
 @dataclass(frozen=True)
@@ -490,12 +495,8 @@ LIFTED_CONSTANT = re.compile(r"(?:[\w.]+\.)?lifted_tensor_\d+")
 
 def folded_sources(graph: onnx.GraphProto) -> dict[str, list[str]]:
     """{value: the values the exporter folded it from}, where it recorded them (FOLDED_FROM)."""
-    found = {}
-    for info in graph.value_info:
-        record = {p.key: p.value for p in info.metadata_props}.get(FOLDED_FROM)
-        if record:
-            found[info.name] = re.findall(r"'([^']*)'", record)
-    return found
+    return {info.name: re.findall(r"'([^']*)'", record) for info in graph.value_info
+            if (record := metadata(info, FOLDED_FROM))}
 
 
 def constant_sources(sources: list[str]) -> bool:
@@ -579,15 +580,17 @@ REPEATS_SAMPLE = 4096  # the leading values looked at: sorting a whole embedding
 
 def repeated_values(a: np.ndarray) -> str:
     """How many distinct values the first REPEATS_SAMPLE nonzero values of a 32- or 64-bit float `a` hold, when
-    it is at most half of them and at least REPEATS_MIN ("" otherwise): a gather of a parameter with repeated indices that the
-    exporter folded (TorchScript folds Swin's relative_position_bias_table[relative_position_index], 49 values
-    into 256 per head). A trained weight's nonzero values are distinct but for those that start or are stored so: a
-    structured initialization's few values (an identity; all equal, the merged and constant rules' case) and
-    values a 16-bit float holds exactly (weights trained in bfloat16 and stored in float32 repeat at its
+    it is at most half of them and at least REPEATS_MIN ("" otherwise): a gather of a parameter with repeated
+    indices that the exporter folded (TorchScript folds Swin's relative_position_bias_table[relative_position_index],
+    49 values into 256 per head). A trained weight's nonzero values are distinct but for those that start or are
+    stored so: a structured initialization's few values (an identity; all equal, the merged and constant rules'
+    case) and values a 16-bit float holds exactly (weights trained in bfloat16 and stored in float32 repeat at its
     precision)."""
+    if a.dtype.itemsize < 4:
+        return ""
     flat = a.reshape(-1)[:REPEATS_SAMPLE]
     sample = flat[flat != 0]  # a pruned weight's zeros repeat; its other values do not
-    if a.dtype.itemsize < 4 or sample.size < 2 * REPEATS_MIN:
+    if sample.size < 2 * REPEATS_MIN:
         return ""
     distinct = np.unique(sample).size
     if not REPEATS_MIN <= distinct <= sample.size // 2 or any(
