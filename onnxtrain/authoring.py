@@ -22,6 +22,9 @@ from .parameters import running_statistics, select_trainable, source_ranks  # no
 from .train_mode import add_training_forward
 
 LOSSES = ("mse", "cross_entropy", "bce_logits")
+# torch.nn.functional.cross_entropy's default ignore_index: Hugging Face pads labels with it. Never a class (labels
+# are in [0, classes)), so ignoring it by default changes no loss over valid labels
+TORCH_IGNORE_INDEX = -100
 
 
 @dataclass
@@ -152,7 +155,8 @@ def add_loss(b: Builder, graph: onnx.GraphProto, loss: str, prediction: str, ign
 def add_cross_entropy(b: Builder, prediction: str, shape: list | None, ignore_index: int | None,
                       class_axis: int, label_smoothing: float = 0.0, opset: int = 18) -> list[onnx.ValueInfoProto]:
     """Softmax cross-entropy over `class_axis` of the scores against int64 class labels (the scores' shape less
-    that axis), averaged over the labels that are not `ignore_index`, as torch.nn.functional.cross_entropy.
+    that axis), averaged over the labels that are not `ignore_index` (None: torch's -100), as
+    torch.nn.functional.cross_entropy.
     SoftmaxCrossEntropyLoss wants the classes on axis 1, so another class axis is transposed there first. With
     `label_smoothing` e, torch's: (1 - e) times that plus e times the mean over the same labels of
     -mean(log_softmax) over the classes (the cross-entropy against a uniform target)."""
@@ -177,12 +181,14 @@ def add_cross_entropy(b: Builder, prediction: str, shape: list | None, ignore_in
             perm = [0, class_axis] + [a for a in range(1, rank) if a != class_axis]
             b.node("Transpose", [prediction], ["loss.scores"], perm=perm)
             prediction = "loss.scores"
-    extra = {} if ignore_index is None else {"ignore_index": ignore_index}
+    if ignore_index is None:
+        ignore_index = TORCH_IGNORE_INDEX
     if not label_smoothing:
-        b.node("SoftmaxCrossEntropyLoss", [prediction, "target"], ["loss"], reduction="mean", **extra)
+        b.node("SoftmaxCrossEntropyLoss", [prediction, "target"], ["loss"], reduction="mean",
+               ignore_index=ignore_index)
         return [helper.make_tensor_value_info("target", TensorProto.INT64, label_shape)]
     b.node("SoftmaxCrossEntropyLoss", [prediction, "target"], ["loss.nll", "loss.log_prob"], reduction="mean",
-           **extra)
+           ignore_index=ignore_index)
     if opset >= 18:  # per label: its scores' mean log-probability (ReduceMean's axes an input since opset 18)
         axes = numpy_helper.from_array(np.array([1], np.int64), "loss.class_axes")
         b.initializers.append(axes)
@@ -190,16 +196,14 @@ def add_cross_entropy(b: Builder, prediction: str, shape: list | None, ignore_in
     else:
         b.node("ReduceMean", ["loss.log_prob"], ["loss.mean_log_prob"], axes=[1], keepdims=0)
     b.node("Cast", ["loss.mean_log_prob"], ["loss.uniform_each"], to=TensorProto.FLOAT)
-    if ignore_index is None:
-        b.node("ReduceMean", ["loss.uniform_each"], ["loss.uniform_negative"], keepdims=0)
-    else:  # the mean over the labels that count, as the nll's
-        b.node("Equal", ["target", b.scalar("ignore_index", ignore_index, TensorProto.INT64)], ["loss.ignored"])
-        b.node("Not", ["loss.ignored"], ["loss.counted"])
-        b.node("Cast", ["loss.counted"], ["loss.weight"], to=TensorProto.FLOAT)
-        b.node("Mul", ["loss.uniform_each", "loss.weight"], ["loss.uniform_kept"])
-        b.node("ReduceSum", ["loss.uniform_kept"], ["loss.uniform_sum"], keepdims=0)
-        b.node("ReduceSum", ["loss.weight"], ["loss.count"], keepdims=0)
-        b.node("Div", ["loss.uniform_sum", "loss.count"], ["loss.uniform_negative"])
+    # the mean over the labels that count, as the nll's
+    b.node("Equal", ["target", b.scalar("ignore_index", ignore_index, TensorProto.INT64)], ["loss.ignored"])
+    b.node("Not", ["loss.ignored"], ["loss.counted"])
+    b.node("Cast", ["loss.counted"], ["loss.weight"], to=TensorProto.FLOAT)
+    b.node("Mul", ["loss.uniform_each", "loss.weight"], ["loss.uniform_kept"])
+    b.node("ReduceSum", ["loss.uniform_kept"], ["loss.uniform_sum"], keepdims=0)
+    b.node("ReduceSum", ["loss.weight"], ["loss.count"], keepdims=0)
+    b.node("Div", ["loss.uniform_sum", "loss.count"], ["loss.uniform_negative"])
     b.node("Cast", ["loss.nll"], ["loss.nll_float"], to=TensorProto.FLOAT)
     b.node("Mul", ["loss.nll_float", b.scalar("kept", 1 - label_smoothing, TensorProto.FLOAT)], ["loss.hard"])
     b.node("Mul", ["loss.uniform_negative", b.scalar("smoothing", label_smoothing, TensorProto.FLOAT)],
@@ -237,8 +241,8 @@ def make_trainable(
     names when exported with dynamo=True, optimize=False). A ParameterizationWarning says where the exporter
     merged, untied or broadcast parameters. `loss`: "mse", "bce_logits", "cross_entropy" (int64 labels;
     `class_axis` where the scores hold the classes, default 1 as in PyTorch, -1 for [batch, seq, vocab] logits;
-    `ignore_index` labels, e.g. Hugging Face's -100, count in neither sum nor mean; `label_smoothing` as
-    torch's) or "output:NAME" (a model
+    labels equal to `ignore_index` count in neither sum nor mean: by default torch's -100, which Hugging Face
+    pads labels with; `label_smoothing` as torch's) or "output:NAME" (a model
     output that is already the loss). The rate is the algorithm input `learning_rate`, whose initializer is the
     default: feed it to schedule.
 

@@ -244,7 +244,7 @@ def test_loss_is_checked_against_the_declared_output():
 
 
 def test_cross_entropy_over_the_last_axis_with_ignored_labels_matches_pytorch():
-    """[B, S, V] scores with [B, S] labels (class_axis=-1), -100 ignored: mean over the other labels, as
+    """[B, S, V] scores with [B, S] labels (class_axis=-1), -100 ignored by default: mean over the other labels, as
     F.cross_entropy(scores.transpose(1, 2), labels); its gradient too (one SGD step)."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -256,8 +256,8 @@ def test_cross_entropy_over_the_last_axis_with_ignored_labels_matches_pytorch():
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["B", "S", 6])], [numpy_helper.from_array(w, "W")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    trainable = onnxtrain.make_trainable(model, loss="cross_entropy", class_axis=-1, ignore_index=-100,
-                                         optimizer="sgd", learning_rate=LR)
+    trainable = onnxtrain.make_trainable(model, loss="cross_entropy", class_axis=-1, optimizer="sgd",
+                                         learning_rate=LR)  # ignore_index: torch's -100 by default
     target_type = trainable.training_info[0].algorithm.input[0].type.tensor_type
     assert [d.dim_param for d in target_type.shape.dim] == ["B", "S"]
     x = rng.normal(size=(2, 5, 4)).astype(np.float32)
@@ -294,8 +294,7 @@ def test_label_smoothing_trains_as_pytorchs(opset, class_axis, ignore_index):
                                                                 {"ignore_index": ignore_index})))
     x = rng.normal(size=(*rows, 6)).astype(np.float32)
     labels = np.array([0, 2, 4] if class_axis == 1 else [[0, 1, 2, 3], [4, 0, 1, 2], [3, 4, 0, 1]], np.int64)
-    if ignore_index is not None:
-        labels.flat[1] = ignore_index
+    labels.flat[1] = -100 if ignore_index is None else ignore_index  # None: torch's default, -100
     weight = torch.from_numpy(w.copy()).requires_grad_()
     optimizer = torch.optim.SGD([weight], lr=0.5)
     for _ in range(3):

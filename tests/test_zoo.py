@@ -109,7 +109,7 @@ class Reference:
 
 
 def torch_loss(kind: str, prediction, target):
-    if kind == "cross_entropy":  # class axis 1 and ignore_index -100, as SoftmaxCrossEntropyLoss here
+    if kind == "cross_entropy":  # class axis 1 and ignore_index -100, as make_trainable's default
         return torch.nn.functional.cross_entropy(prediction, target)
     return torch.nn.functional.mse_loss(prediction, target)
 
