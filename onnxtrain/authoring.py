@@ -19,7 +19,7 @@ from .optimizers import (  # noqa: F401 (OPTIMIZERS, STEP: API)
 )
 from .dtypes import TRAINING_FLOAT_TYPES
 from .parameters import running_statistics, select_trainable, source_ranks  # noqa: F401 (running_statistics: API)
-from .train_mode import add_training_forward
+from .train_mode import add_training_forward, warn_of_train_mode_nodes
 
 LOSSES = ("mse", "cross_entropy", "bce_logits")
 # torch.nn.functional.cross_entropy's default ignore_index: Hugging Face pads labels with it. Never a class (labels
@@ -275,6 +275,8 @@ def make_trainable(
     b = Builder()
     if train_mode:
         prediction, loss = add_training_forward(b, result, prediction, loss)
+    else:
+        warn_of_train_mode_nodes(graph)
     opset = next((o.version for o in result.opset_import if o.domain in ("", "ai.onnx")), 1)
     inputs = add_loss(b, graph, loss, prediction, ignore_index, class_axis, label_smoothing, opset)
     params = select_trainable(result, trainable)

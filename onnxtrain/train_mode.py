@@ -17,6 +17,7 @@ the batch mean and biased variance) and writes the update as plain ops.
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import TYPE_CHECKING
 
@@ -133,6 +134,39 @@ def batch_norms(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     return [n for n in graph.node if n.op_type == "BatchNormalization" and n.domain in ONNX_DOMAINS]
 
 
+def batch_statistics(graph: onnx.GraphProto, node: onnx.NodeProto) -> bool:
+    """Whether a BatchNormalization's mean and variance inputs are computed from the graph's inputs: PyTorch's
+    `track_running_stats=False`, which both exporters write as ReduceMean nodes over the batch. Such a node
+    normalizes with the batch's statistics in train and eval mode alike and has no running statistics to update,
+    so the training copy keeps it as it is."""
+    if any(t.name in node.input[3:5] for t in graph.initializer):  # the usual case, without walking the graph
+        return False
+    inputs = {i.name for i in graph.input}
+    return all(any(inputs & reads(n) for n in ancestors(graph, [name])) for name in node.input[3:5])
+
+
+def check_values_per_channel(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> None:
+    """Refuses a BatchNormalization whose input has one value per channel (a batch of one [1, C] or [1, C, 1, 1]):
+    its batch variance is 0 and the unbiased one the running variance averages is 0 / 0, which made the running
+    variance NaN; PyTorch's train() refuses it too. Checked where the model fixes the input's shape, as an export
+    does unless given dynamic_shapes."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except (onnx.shape_inference.InferenceError, ValueError):  # a model over 2 GB: its shapes go unchecked
+        return
+    shapes = {v.name: v.type.tensor_type.shape for v in list(inferred.value_info) + list(inferred.input)}
+    for node in nodes:
+        shape = shapes.get(node.input[0])
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in shape.dim] if shape is not None else []
+        if len(dims) >= 2 and None not in dims and math.prod(dims) == dims[1]:
+            raise OnnxTrainError(
+                f"train_mode: BatchNormalization {node.name or node.output[0]!r} normalizes a {dims} input, one "
+                "value per channel, whose batch variance is 0 and whose unbiased variance (what the running variance "
+                "averages) is undefined; PyTorch's train() refuses it too ('Expected more than 1 value per channel "
+                "when training'): export with a larger batch, or with dynamic_shapes and train on batches of 2 or more"
+            )
+
+
 def running_statistic(graph: onnx.GraphProto, node: onnx.NodeProto, index: int) -> onnx.TensorProto:
     """Input `index` (3: mean, 4: variance) of a BatchNormalization: an initializer no other node updates."""
     name, what = node.input[index], ("running mean", "running variance")[index - 3]
@@ -168,6 +202,18 @@ def to_eval_mode(graph: onnx.GraphProto) -> None:
             del node.input[2:]
 
 
+def warn_of_train_mode_nodes(graph: onnx.GraphProto) -> None:
+    """Without train_mode, a train-mode export (TrainingMode.TRAINING) trains and infers on batch statistics and
+    never updates the running ones: neither PyTorch's train() nor its eval(). Warned, naming the option."""
+    nodes = [n.name or n.output[0] for n in batch_norms(graph)
+             if attribute(n, "training_mode", 0) and not batch_statistics(graph, n)]
+    if nodes:
+        warnings.warn(f"BatchNormalization {nodes[:3]}{' ...' if len(nodes) > 3 else ''} normalize with the batch's "
+                      "statistics (training_mode=1: a torch.onnx.TrainingMode.TRAINING export), in train steps and "
+                      "in infer alike, and nothing updates their running statistics: pass train_mode=True to train "
+                      "as PyTorch's module.train() and infer as its eval()", stacklevel=3)
+
+
 def add_training_forward(b: Builder, model: onnx.ModelProto, prediction: str, loss: str) -> tuple[str, str]:
     """Append the train-mode forward pass to the algorithm being built and put `model`'s inference graph in eval
     mode; returns `prediction` and `loss` (an `output:NAME` loss included) as the forward pass names them."""
@@ -187,9 +233,14 @@ def add_training_forward(b: Builder, model: onnx.ModelProto, prediction: str, lo
     loss_output = loss.partition(":")[2] if loss.startswith("output:") else None
     nodes = ancestors(graph, [prediction] + ([loss_output] if loss_output else []))
     names = {n: PREFIX + n for n in produced(nodes)}
+    trained = [n for n in nodes if n.domain in ONNX_DOMAINS and n.op_type == "BatchNormalization"
+               and not batch_statistics(graph, n)]  # those with running statistics (track_running_stats)
+    if trained:
+        check_values_per_channel(model, trained)
+    outputs = {n.output[0] for n in trained}
     for node in nodes:
         copy = renamed(node, names)
-        if copy.domain in ONNX_DOMAINS and copy.op_type == "BatchNormalization":
+        if node.output[0] in outputs:
             add_batch_statistics(b, graph, node, copy)
         elif copy.domain in ONNX_DOMAINS and copy.op_type == "Dropout":
             b.nodes.append(dropping(b, copy))
@@ -220,6 +271,12 @@ def add_batch_statistics(b: Builder, graph: onnx.GraphProto, original: onnx.Node
     """`copy` normalizing with the batch's statistics, and PyTorch's update of the running ones as state."""
     mean, var = running_statistic(graph, original, 3), running_statistic(graph, original, 4)
     momentum = float(attribute(original, "momentum", 0.9))
+    if momentum == 1:
+        warnings.warn(f"train_mode: BatchNormalization {original.name or original.output[0]!r} has momentum 1 "
+                      "(PyTorch's momentum=0, or momentum=None), so training leaves its running statistics as they "
+                      "are, as PyTorch's momentum=0 does. PyTorch's momentum=None (a cumulative average over the "
+                      "batches seen) is in no export: set the module's momentum to a number before exporting",
+                      stacklevel=4)
     y = copy.output[0]
     batch_mean, batch_var = f"{y}.batch_mean", f"{y}.batch_var"
     set_attribute(copy, "training_mode", 1)

@@ -195,3 +195,65 @@ def test_batch_norm_gradients_as_accurate_as_pytorch(train_mode):
     for n in names:
         error = lambda g: np.max(np.abs(g - exact[n])) / np.max(np.abs(exact[n]))  # noqa: E731
         assert error(np.asarray(ours[f"{n}.grad"])) <= 3 * error(single[n]) + 1e-7, n
+
+
+def without_running_statistics() -> ResNetLike:
+    """bn1 with track_running_stats=False: PyTorch normalizes it with the batch's statistics in eval mode too, and
+    the exporters compute them in the graph (ReduceMean nodes feeding the node's mean and variance)."""
+    m = module()
+    m.bn1 = torch.nn.BatchNorm2d(6, track_running_stats=False)
+    with torch.no_grad():
+        m.bn1.weight.uniform_(0.5, 1.5)
+        m.bn1.bias.uniform_(-0.5, 0.5)
+    return m.eval()
+
+
+@pytest.mark.parametrize("how", ["torchscript-eval", "dynamo-eval"])
+def test_batch_norm_without_running_statistics_trains_like_torch(how):
+    """It was refused ('the running mean ... is not an initializer'); the training copy keeps it as it is."""
+    batches, lr = data(3), 0.1
+    m = without_running_statistics()
+    model = onnxtrain.make_trainable(export(m, how), loss="cross_entropy", optimizer="sgd", learning_rate=lr,
+                                     train_mode=True)
+    engine = onnxtrain.load(model)
+    losses = [float(engine.train_step({"x": x, "target": y})["loss"]) for x, y in batches]
+    np.testing.assert_allclose(losses, torch_training(m, batches, "sgd", lr), rtol=1e-4)
+    assert "bn2.running_mean" in engine.state and not any(k.startswith("bn1.running") for k in engine.state)
+    x = batches[0][0]
+    with torch.no_grad():
+        reference = m(torch.from_numpy(x)).numpy()  # eval, on bn1's batch statistics
+    np.testing.assert_allclose(np.asarray(engine.infer({"x": x})["logits"]), reference, rtol=1e-4, atol=1e-5)
+
+
+def test_momentum_none_is_warned():
+    """PyTorch's momentum=None (a cumulative average) exports as momentum 1, which leaves the running statistics
+    as they are: warned, not trained silently otherwise than PyTorch."""
+    m = module()
+    m.bn1.momentum = None
+    with pytest.warns(UserWarning, match="momentum=None"):
+        onnxtrain.make_trainable(export(m, "dynamo-eval"), loss="cross_entropy", train_mode=True)
+
+
+def test_train_mode_export_without_train_mode_is_warned():
+    """A TrainingMode.TRAINING export's BatchNormalizations normalize with batch statistics in infer too."""
+    with pytest.warns(UserWarning, match="train_mode=True"):
+        onnxtrain.make_trainable(export(module(), "torchscript-train"), loss="cross_entropy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # statistics computed in the graph (track_running_stats=False) are not
+        onnxtrain.make_trainable(export(without_running_statistics(), "torchscript-eval"), loss="cross_entropy")
+
+
+def test_one_value_per_channel_is_refused():
+    """A batch of one [1, C] into BatchNorm1d: the running variance became NaN (0 / 0); PyTorch raises too."""
+    m = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6), torch.nn.Linear(6, CLASSES)).train()
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        m(torch.zeros(1, 4))
+
+    def exported(batch: int) -> onnx.ModelProto:
+        f = io.BytesIO()
+        torch.onnx.export(m.eval(), (torch.zeros(batch, 4),), f, dynamo=False, opset_version=18)
+        return onnx.load_from_string(f.getvalue())
+
+    with pytest.raises(OnnxTrainError, match="one value per channel"):
+        onnxtrain.make_trainable(exported(1), loss="cross_entropy", train_mode=True)
+    onnxtrain.make_trainable(exported(2), loss="cross_entropy", train_mode=True)
