@@ -226,7 +226,10 @@ def add_training_forward(b: Builder, model: onnx.ModelProto, prediction: str, lo
     kinds = {node.op_type for node in graph.node if node.domain in ONNX_DOMAINS}
     if "BatchNormalization" not in kinds:
         if "Dropout" not in kinds:
-            raise OnnxTrainError(f"train_mode: the model has no BatchNormalization or Dropout node; {KEEP_BATCH_NORM}")
+            raise OnnxTrainError(
+                "train_mode: the model has no BatchNormalization or Dropout node. An eval-mode export holds no Dropout "
+                "(both exporters leave it out): export the module in train() mode to keep it (TorchScript's with "
+                f"training=torch.onnx.TrainingMode.TRAINING). For BatchNorm, {KEEP_BATCH_NORM}")
         warnings.warn(f"train_mode: the model has no BatchNormalization node (only Dropout); {KEEP_BATCH_NORM}",
                       stacklevel=3)
     own_running_statistics(graph)

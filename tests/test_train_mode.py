@@ -156,8 +156,9 @@ def test_dropout_drops_in_train_steps_only():
 
 def test_folded_batch_norm_is_refused_naming_the_export_flags():
     m = module()
-    with pytest.raises(OnnxTrainError, match="do_constant_folding=False"):
+    with pytest.raises(OnnxTrainError, match="do_constant_folding=False") as error:
         onnxtrain.make_trainable(export(m, "default", dynamo=True), loss="cross_entropy", train_mode=True)
+    assert "export the module in train() mode" in str(error.value)  # an eval-mode export leaves Dropout out
 
 
 def test_cli_option(tmp_path):
