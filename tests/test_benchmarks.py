@@ -1,4 +1,5 @@
-"""The benchmark suite still runs end to end (a smoke run: it checks the table is printed, never the numbers)."""
+"""The benchmark suite still runs end to end (a smoke run: it checks the table is printed, never a timing); the
+scripts that check numbers against PyTorch (agreement.py, big_model.py) fail where the numbers are wrong."""
 
 from __future__ import annotations
 
@@ -59,6 +60,17 @@ def test_realsize_quick_prints_the_table():
                         "peak RSS, attention recomputed (MB)",
                         "train step, freed memory retained (ms)", "peak RSS, freed memory retained (MB)"):
         assert f"| resnet18 | {measurement} |" in done.stdout, done.stdout
+
+
+def test_agreement_fails_nowhere_on_mobilenet():
+    """agreement.py exits non-zero where onnxtrain's update is further from PyTorch's float64 one than 3x PyTorch's
+    float32 update is: MobileNetV3-small (its cheapest real-size model: depthwise convolutions, hard-swish,
+    squeeze-excitation), one SGD step."""
+    command = [sys.executable, str(ROOT / "benchmarks" / "agreement.py"), "--models", "mobilenetv3-small",
+               "--optimizers", "sgd", "--steps", "1"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "| mobilenetv3-small | sgd | 142 |" in done.stdout, done.stdout
 
 
 def test_big_model_rehearsal_trains_as_pytorch_does_and_exports():
