@@ -93,13 +93,19 @@ def entries(tensor: TensorProto, label: str) -> dict[str, str]:
     return found
 
 
+MAX_DIGITS = 30  # digits of an offset or length: 2**64 has 20
+
+
 def non_negative(entries_: dict[str, str], key: str, label: str) -> int | None:
     if key not in entries_:
         return None
     text = entries_[key]
     if not text.isascii() or not text.isdigit():
         raise ExternalDataError(f"{label}: external data {key} {text!r} is not a non-negative integer")
-    return int(text)
+    digits = text.lstrip("0") or "0"  # int() refuses a string of over 4300 digits, zeros too (a raw ValueError)
+    if len(digits) > MAX_DIGITS:
+        raise ExternalDataError(f"{label}: external data {key} of {len(digits)} digits is past any file's size")
+    return int(digits)
 
 
 def confined_path(location: str, folder: Path, label: str) -> Path:

@@ -187,6 +187,9 @@ def exact_file(folder):
     (exact_file, {"location": "data.bin", "length": "4"}, "length 4 does not match the 8 bytes"),
     (exact_file, {"location": "data.bin", "offset": "4", "length": "8"}, r"has 8 bytes; the tensor needs .*\[4, 12\)"),
     (exact_file, {"location": "data.bin", "offset": str(2**70)}, "has 8 bytes; the tensor needs"),
+    # int() refuses a string of over 4300 digits with a ValueError of its own
+    (exact_file, {"location": "data.bin", "length": "9" * 5000}, "length of 5000 digits is past any file's size"),
+    (exact_file, {"location": "data.bin", "offset": "0" * 5000}, None),  # leading zeros: still 0
     (short_file, {"location": "data.bin"}, r"has 6 bytes; the tensor needs bytes \[0, 8\)"),
     (long_file, {"location": "data.bin"}, r"has 16 bytes; the tensor needs bytes \[0, 8\)"),  # no length: to EOF
     (exact_file, {"location": "missing.bin"}, "'missing.bin' cannot be read: No such file"),
