@@ -80,6 +80,16 @@ def test_a_missing_folder_is_named_before_anything_is_written(tmp_path, monkeypa
     assert serialized == [] and list(tmp_path.iterdir()) == []
 
 
+def test_a_path_with_a_nul_byte_is_refused_before_anything_is_written(tmp_path):
+    """The OS cannot name such a file: it was a raw ValueError from open(), and the cleanup's unlink raised another."""
+    engine = trained(1)
+    with pytest.raises(StateError, match=r"cannot write state checkpoint .*a\\x00b'.*contains a NUL byte"):
+        engine.save_state(str(tmp_path / "a\0b"))
+    with pytest.raises(ExportError, match=r"cannot write model .*a\\x00b.onnx'.*contains a NUL byte"):
+        engine.export(str(tmp_path / "a\0b.onnx"))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_save_state_fsyncs_the_file_and_its_folder(tmp_path, monkeypatch):
     kinds = []
     real_fsync = os.fsync
