@@ -23,11 +23,11 @@ import onnx
 from onnx import TensorProto
 
 from .big_models import is_external
-from .errors import ExternalDataError, ModelLoadError
+from .errors import ExternalDataError, OnnxTrainError
 from .tensor_data import raw_size, raw_value, refuse_segment, tensor_value
 
 
-def open_regular_file(path: Path, error: type[ModelLoadError], what: str) -> tuple[BinaryIO, os.stat_result]:
+def open_regular_file(path: Path, error: type[OnnxTrainError], what: str) -> tuple[BinaryIO, os.stat_result]:
     """Open `path` for reading, and its status (size...), only if it is a regular file: reading a FIFO blocks and a device such
     as /dev/zero never ends. O_NONBLOCK keeps even the open of a FIFO swapped in after the stat from blocking."""
     try:

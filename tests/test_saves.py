@@ -195,6 +195,20 @@ def test_damaged_checkpoint_raises_state_error_naming_the_file(tmp_path, damage)
     assert_same_state(host_state(engine), state)
 
 
+def test_load_state_refuses_what_is_not_a_regular_zip_file_without_reading_it(tmp_path):
+    """A FIFO blocked np.load forever; /dev/zero and other non-archives got NumPy's advice to allow pickles."""
+    engine = trained(1)
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "plain").write_bytes(b"\0" * 64)
+    for path, message in [(tmp_path / "fifo", "/fifo' is not a regular file"),
+                          (tmp_path / "plain", "/plain' is not an onnxtrain state checkpoint \\(not an .npz archive\\)"),
+                          (tmp_path, "is not a regular file"),
+                          (tmp_path / "missing", "/missing' cannot be read: No such file")]:
+        with pytest.raises(StateError, match=message):
+            engine.load_state(path)
+    assert engine.step_count == 1
+
+
 # ----- export -----
 
 def regression_model(width: int = 64) -> onnx.ModelProto:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import zipfile
 import zlib
 from pathlib import Path
@@ -13,6 +14,7 @@ from numpy.lib.npyio import NpzFile
 
 from ..atomic import replace_atomically, writable_target
 from ..errors import StateError
+from ..external_data import open_regular_file
 
 
 def check_assignment(name: str, value: Any, current: Any, source: str) -> None:
@@ -63,13 +65,27 @@ DAMAGE = (OSError, ValueError, EOFError, KeyError, TypeError, zipfile.BadZipFile
 
 
 def load_npz(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Read a checkpoint written by save_npz; StateError naming the file for anything else or anything damaged."""
-    try:
-        data = np.load(path, allow_pickle=False)
-    except DAMAGE as exc:
-        raise StateError(f"cannot read state checkpoint {str(path)!r}: {exc}") from exc
-    if not isinstance(data, NpzFile):
-        raise StateError(f"{str(path)!r} is not an onnxtrain state checkpoint (not an .npz archive)")
+    """Read a checkpoint written by save_npz; StateError naming the file for anything else or anything damaged.
+    Only a regular file is opened (np.load of a FIFO blocked forever), and only a zip archive is handed to
+    np.load, whose error for any other file advised allow_pickle."""
+    if not isinstance(path, (str, os.PathLike)) or "\0" in str(path):
+        raise StateError(f"cannot read state checkpoint {path!r}: not a file path")
+    file, _ = open_regular_file(Path(path), StateError, f"state checkpoint {str(path)!r}")
+    with file:
+        if file.read(len(ZIP_MAGIC)) != ZIP_MAGIC:
+            raise StateError(f"{str(path)!r} is not an onnxtrain state checkpoint (not an .npz archive)")
+        file.seek(0)
+        try:
+            data = np.load(file, allow_pickle=False)
+        except DAMAGE as exc:
+            raise StateError(f"cannot read state checkpoint {str(path)!r}: {exc}") from exc
+        return read_archive(data, path)
+
+
+ZIP_MAGIC = b"PK\x03\x04"  # how a zip archive with members (np.savez's, never empty: it holds the header) starts
+
+
+def read_archive(data: NpzFile, path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     with data:
         if HEADER not in data.files:
             raise StateError(f"{str(path)!r} is not an onnxtrain state checkpoint (written by Engine.save_state)")
