@@ -31,8 +31,8 @@ def staging_pattern(path: Path) -> re.Pattern[str]:
 
 def writable_target(path: object, what: str) -> str | None:
     """Why a file named `what` (for messages) cannot be written at `path`, or None: not a path, a NUL byte in
-    it, its folder missing, or a folder itself. Writers check it before the work that fills the file, so a run never ends,
-    hours in, at a rename that never could have happened."""
+    it, its folder missing, or a folder itself. Writers check it before the work that fills the file, so a run
+    never ends, hours in, at a rename that never could have happened."""
     if not isinstance(path, (str, os.PathLike)):
         return f"{what} is written to a file path, not {type(path).__name__}"
     path = Path(path)

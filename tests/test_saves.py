@@ -201,7 +201,7 @@ def test_load_state_refuses_what_is_not_a_regular_zip_file_without_reading_it(tm
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "plain").write_bytes(b"\0" * 64)
     for path, message in [(tmp_path / "fifo", "/fifo' is not a regular file"),
-                          (tmp_path / "plain", "/plain' is not an onnxtrain state checkpoint \\(not an .npz archive\\)"),
+                          (tmp_path / "plain", r"/plain' is not an onnxtrain state checkpoint \(not an .npz"),
                           (tmp_path, "is not a regular file"),
                           (tmp_path / "missing", "/missing' cannot be read: No such file")]:
         with pytest.raises(StateError, match=message):
