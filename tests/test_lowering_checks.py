@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 
 import onnxtrain
 from onnxtrain.errors import NodeError
-from training_models import TRAINING, model, tensor, vi
+from training_models import TRAINING, linear_regression, model, tensor, vi
 
 
 def test_gradient_with_respect_to_an_integer_input_is_an_error():
@@ -26,6 +26,18 @@ def test_gradient_with_respect_to_an_integer_input_is_an_error():
     engine = onnxtrain.load(model(graph, [helper.make_training_info(algorithm, [], None, None)]))
     with pytest.raises(NodeError, match=r"Gradient 'grad'.*xs input 'K' is int64"):
         engine.train_step({})
+
+
+def test_gradient_with_respect_to_a_name_the_graph_does_not_define_is_an_error():
+    """xs=['W', 'Nope'] fed W and B: no node reads 'Nope', so B's gradient came out zeros and B never trained."""
+    m = linear_regression(np.zeros((2, 1), np.float32), np.zeros(1, np.float32), 0.1)
+    gradient = next(n for n in m.training_info[0].algorithm.node if n.op_type == "Gradient")
+    gradient.name = "grad"
+    next(a for a in gradient.attribute if a.name == "xs").strings[:] = [b"W", b"Nope"]
+    engine = onnxtrain.load(m)
+    with pytest.raises(NodeError, match=r"Gradient 'grad'.*xs/zs name \['Nope'\], which the graph does not define"):
+        engine.train_step({"X": np.ones((2, 2), np.float32), "T": np.ones((2, 1), np.float32)})
+    np.testing.assert_array_equal(np.asarray(engine.state["B"]), np.zeros(1, np.float32))
 
 
 @pytest.mark.parametrize("data", ["X", "C"])  # traced data: checked on the traced result; static: before running

@@ -52,6 +52,9 @@ def gradient(*inputs, xs: Sequence[str], y: str, zs: Sequence[str] = (), ctx: No
     xs, zs = list(xs), list(zs)
     if len(inputs) != len(xs) + len(zs):
         raise NodeError(f"{ctx.node.label}: takes {len(xs) + len(zs)} inputs (xs then zs), got {len(inputs)}")
+    undefined = [name for name in xs + zs if name not in ctx.scope]
+    if undefined:  # no node reads such a name: its gradient would silently be zeros, and a parameter not trained
+        raise NodeError(f"{ctx.node.label}: xs/zs name {undefined}, which the graph does not define before this node")
     for name, x in zip(xs, inputs):
         if not is_float(jnp.result_type(x)):
             raise NodeError(f"{ctx.node.label}: xs input {name!r} is {jnp.result_type(x)}: a gradient is taken with "
