@@ -102,6 +102,17 @@ def test_assignment_changing_shape_or_dtype_is_refused(value, message):
     np.testing.assert_array_equal(np.asarray(engine.state["W"]), np.zeros(2, np.float32))
 
 
+def test_a_string_state_variable_is_refused_at_load():
+    """A string initializer bound as state: JAX's TypeError ("Dtype object is not a valid JAX array type") came
+    out of the load, where the state goes to the device."""
+    graph = helper.make_graph([helper.make_node("Identity", ["S"], ["Y"])], "g", [], [vi("Y", TensorProto.STRING, [1])],
+                              [helper.make_tensor("S", TensorProto.STRING, [1], [b"a"])])
+    algorithm = helper.make_graph([helper.make_node("Identity", ["S"], ["S_new"])], "a", [],
+                                  [vi("S_new", TensorProto.STRING, [1])])
+    with pytest.raises(StateError, match="state variable 'S' is a string tensor"):
+        onnxtrain.load(model(graph, [helper.make_training_info(algorithm, [("S", "S_new")], None, None)]))
+
+
 def test_unknown_algorithm_index():
     engine = onnxtrain.load(base())
     with pytest.raises(StateError, match="algorithm 3 does not exist"):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from ..errors import BindingError
+from ..errors import BindingError, StateError
 from ..ir import Graph
 from ..lower.build import Resolver, build_graph
 
@@ -151,4 +151,8 @@ def state_owners(main: Graph, algorithms: list[Algorithm]) -> dict[str, int | No
     for algorithm in algorithms:
         for key in list(algorithm.initialization_binding) + list(algorithm.update_binding):
             owners[key] = None if key in main.initializers else algorithm.index
+            value = (main if owners[key] is None else algorithm.graph).initializers[key]
+            if value.dtype.kind in "OUS":  # else JAX's TypeError when the state goes to the device
+                raise StateError(f"state variable {key!r} is a string tensor: the state lives on the device, "
+                                 "which holds numbers only")
     return owners
