@@ -25,6 +25,10 @@ WIDER_KINDS = {"": "bifc", "b": "b", "i": "ifc", "f": "fc", "c": "c"}  # "": an 
 def to_array(name: str, value: Any, info: ValueInfo) -> Any:
     """A tensor feed as a NumPy or jax array (jax arrays pass through without a copy): nested lists are one array,
     as a user writes a small tensor, and Python numbers take the declared element type (WEAK_KINDS)."""
+    if isinstance(value, jax.core.Tracer):  # else JAX's TypeError from the compiled program it reaches
+        raise FeedError(f"feed {name!r} is a value JAX is tracing (infer or train_step called inside jax.jit, grad or "
+                        "vmap): they run compiled programs of their own; Engine.jax_function() gives the model as a "
+                        "function JAX can transform")
     if isinstance(value, (jax.Array, np.ndarray)):
         return value
     try:
@@ -183,7 +187,7 @@ def array_signature(feeds: Mapping[str, Any]) -> tuple | None:
     """What check_feeds' verdict depends on, when every feed is already an array (None otherwise)."""
     signature = []
     for name, value in feeds.items():
-        if not isinstance(value, (jax.Array, np.ndarray)):
+        if not isinstance(value, (jax.Array, np.ndarray)) or isinstance(value, jax.core.Tracer):
             return None
         signature.append((name, value.dtype, value.shape))
     return tuple(signature)

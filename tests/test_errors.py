@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import onnx
 import pytest
@@ -84,6 +85,14 @@ def test_bad_feeds(feeds, message):
     engine = onnxtrain.load(add_model())
     with pytest.raises(FeedError, match=message):
         engine.infer(feeds)
+
+
+def test_a_traced_feed_is_refused_pointing_to_jax_function():
+    """infer inside jax.jit met JAX's TypeError from the compiled program, even for a signature checked before."""
+    engine = onnxtrain.load(add_model())
+    engine.infer(FEEDS_OK)  # the signature is known: its check is skipped for arrays, not for traced values
+    with pytest.raises(FeedError, match="feed 'a' is a value JAX is tracing .* Engine.jax_function"):
+        jax.jit(lambda a: engine.infer({**FEEDS_OK, "a": a}))(FEEDS_OK["a"])
 
 
 def sequence_and_optional_model() -> onnx.ModelProto:
