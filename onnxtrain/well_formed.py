@@ -1,5 +1,6 @@
 """What the lowering relies on and onnx.checker would catch, checked even when the checker is skipped (check=False):
-every string field is text, and every value a node reads or a graph returns is defined before it is used."""
+every string field is text, every value a node reads or a graph returns is defined before it is used, and defined
+once (the checker does not look across ModelProto.graph and the training graphs, which see its values)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,14 @@ def check_nodes(nodes: Iterable[onnx.NodeProto], defined: set[str], owner: str) 
         for attr in node.attribute:
             for subgraph in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
                 check_graph(subgraph, defined)
-        defined.update(node.output)
+        for name in node.output:
+            if name in defined:  # the lowering would read one of its two values, silently
+                raise ModelLoadError(
+                    f"{label} defines {name!r}, which an input, an initializer, an earlier node or an enclosing "
+                    f"graph defines already (a name is assigned once: ONNX's single static assignment)"
+                )
+            if name:
+                defined.add(name)
     return defined
 
 

@@ -138,7 +138,21 @@ def subgraph_reads_an_unknown_value(m):
     m.graph.node.append(helper.make_node("If", ["flag"], ["i"], then_branch=branch, else_branch=branch))
 
 
+def node_redefines_an_initializer(m):
+    m.graph.node.append(helper.make_node("Relu", ["a"], ["b"]))
+
+
+def training_graph_redefines_a_main_value(m):
+    """The checker checks each graph alone: a training graph reusing a name of ModelProto.graph, whose values it
+    sees, passed it, and the lowering read one of the two values."""
+    info = m.training_info.add()
+    info.algorithm.CopyFrom(helper.make_graph([helper.make_node("Relu", ["b"], ["c"])], "step", [],
+                                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, [3])]))
+
+
 @pytest.mark.parametrize("break_it, message", [
+    (node_redefines_an_initializer, "node 'Relu' of graph 'add' defines 'b', which an input, an initializer"),
+    (training_graph_redefines_a_main_value, "node 'Relu' of graph 'step' defines 'c', which .* defines already"),
     (output_never_produced, "graph 'add' returns 'c', which nothing in it or around it defines"),
     (reads_a_later_value, "node 'Relu' of graph 'add' reads 'c', which is not an input, an initializer or an output"),
     (function_output_never_produced, "function 'F' returns 'y', which none of its inputs or nodes defines"),
@@ -149,6 +163,14 @@ def test_every_value_is_defined_before_it_is_read(break_it, message):
     break_it(model)
     with pytest.raises(ModelLoadError, match=message):
         onnxtrain.load(model, check=False)
+
+
+def test_a_training_graph_redefining_a_main_value_is_refused_past_the_checker():
+    model = add_model()
+    training_graph_redefines_a_main_value(model)
+    onnx.checker.check_model(model)  # which checks each graph alone
+    with pytest.raises(ModelLoadError, match="node 'Relu' of graph 'step' defines 'c'"):
+        onnxtrain.load(model)
 
 
 def test_a_name_that_is_not_utf8_is_refused():
