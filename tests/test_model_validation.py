@@ -80,6 +80,10 @@ def opset_zero(m):
     m.opset_import[0].version = 0
 
 
+def opset_twice(m):
+    m.opset_import.append(helper.make_opsetid("ai.onnx", 13))  # the default domain's other spelling
+
+
 def function_opset(m):
     m.functions.append(helper.make_function("local", "F", ["x"], ["y"], [helper.make_node("Relu", ["x"], ["y"])],
                                             [helper.make_opsetid("", 10**6)]))
@@ -204,6 +208,7 @@ def test_a_string_inside_a_tensor_or_a_training_graph_that_is_not_utf8_is_refuse
     (too_few_floats, "initializer 'b' has 2 entries of float_data where its dims"),
     (newer_opset, "imports opset ai.onnx version 1000000, newer than the newest onnx"),
     (opset_zero, "imports opset ai.onnx version 0; versions start at 1"),
+    (opset_twice, r"the model imports opset ai.onnx twice \(versions 17 and 13\)"),
     (function_opset, "function 'F' imports opset ai.onnx version 1000000"),
     (non_utf8_string_attribute, "attribute 'value_string' of node 'const' is not valid UTF-8"),
     (non_utf8_string_tensor, "a string of initializer 'words' is not valid UTF-8"),
