@@ -126,10 +126,14 @@ def main(argv: list[str]) -> int:
         for optimizer in opts.optimizers.split(","):
             print(f"# {name}, {optimizer} ...", flush=True)
             rows.append((name, optimizer, measure(name, optimizer, opts.steps)))
+            print(table(rows).splitlines()[-1], flush=True)  # each row as it comes: a run cut short keeps them
+    import jax
     import torch
 
-    text = (f"Measured {time.strftime('%Y-%m-%d')} on {cpu_name()}, torch {torch.__version__}, batch 2, "
-            f"{opts.steps} steps, learning rate {LR}.\n\nCommand: `python benchmarks/agreement.py"
+    device = jax.devices()[0]  # onnxtrain's (JAX_PLATFORMS=cuda puts it on a GPU); PyTorch's peers on the CPU
+    where = cpu_name() if device.platform == "cpu" else f"{device.device_kind} (PyTorch on {cpu_name()})"
+    text = (f"Measured {time.strftime('%Y-%m-%d')} on {where}, jax {jax.__version__}, torch {torch.__version__}, "
+            f"batch 2, {opts.steps} steps, learning rate {LR}.\n\nCommand: `python benchmarks/agreement.py"
             f"{''.join(' ' + a for a in argv)}`\n\n{table(rows)}")
     print(text)
     if opts.write:
