@@ -105,8 +105,20 @@ def check_finite(engine: Engine, step: int, losses: Mapping[str, float], state: 
     if culprits:
         raise DivergenceError(
             f"training diverged: {culprits[0]} after train step {engine.step_count} (step {step} of this fit); "
-            f"nothing was written: lower the learning rate or restart from the last checkpoint"
+            f"nothing was written: {divergence_advice(engine)}"
         )
+
+
+def divergence_advice(engine: Engine) -> str:
+    """What to change. Under float16 the likeliest cause is the static loss scale: a scaled gradient past
+    float16's largest value (65504) is infinite, and no step is skipped as PyTorch's GradScaler would
+    (lower/autocast.py), so the scale is named first (CLIP's zoo model diverges at step 1 at 2**12, trains at 2**8)."""
+    advice = "lower the learning rate or restart from the last checkpoint"
+    precision = engine.mixed_precision
+    if precision is not None and precision.loss_scale != 1.0:
+        return (f"lower the loss scale (load's loss_scale, CLI --loss-scale; now {precision.loss_scale:g}: a scaled "
+                f"float16 gradient past 65504 is infinite), or {advice}")
+    return advice
 
 
 @dataclass

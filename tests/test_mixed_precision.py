@@ -259,6 +259,28 @@ def test_float16_gradients_underflow_without_the_loss_scale_and_not_with_it():
     np.testing.assert_allclose(sgd_gradient(None, precision=None)[0], expected, rtol=1e-5)  # float32 needs none
 
 
+def test_an_overflowing_float16_loss_scale_stops_fit_naming_the_scale():
+    """A scale so large that the scaled gradient passes float16's 65504 makes the update infinite, as the same
+    product in NumPy's float16 does; fit's DivergenceError names the loss scale (the likeliest cause under
+    float16: the zoo's CLIP diverged at the default 2**12 and trained at 2**8), not only the learning rate."""
+    from onnxtrain.errors import DivergenceError
+
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1, 1, size=(8, 4)).astype(np.float32)
+    t = rng.uniform(0.5, 1.0, size=(8, 2)).astype(np.float32)
+    scale = 2.0**20
+    g = -2 / t.size * t * scale  # d mean((XW - T)^2)/dY at W = 0, scaled: the product's incoming gradient
+    with np.errstate(over="ignore", invalid="ignore"):  # float16 overflows there
+        assert not np.all(np.isfinite(x.T.astype(np.float16) @ g.astype(np.float16)))
+    model = linear_regression(np.zeros((4, 2), np.float32), np.zeros(2, np.float32), 1.0)
+    engine = onnxtrain.load(model, mixed_precision="float16", loss_scale=scale)
+    with pytest.raises(DivergenceError, match=r"lower the loss scale \(load's loss_scale, CLI --loss-scale; "
+                                              r"now 1\.04858e\+06"):
+        onnxtrain.fit(engine, [{"X": x, "T": t}] * 3, steps=3, log_every=1, progress=False)
+    engine = onnxtrain.load(model, mixed_precision="float16")  # the default scale trains the same data
+    onnxtrain.fit(engine, [{"X": x, "T": t}] * 3, steps=3, log_every=1, progress=False)
+
+
 @pytest.mark.parametrize("options, message", [
     ({"mixed_precision": "bf16"}, "mixed_precision='bf16' is not one of ['bfloat16', 'float16']"),
     ({"mixed_precision": "bfloat16", "loss_scale": 8.0}, "loss_scale only applies with mixed_precision='float16'"),
