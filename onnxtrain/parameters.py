@@ -335,13 +335,16 @@ NOT_TRAINED_PLACEHOLDERS = ("b_", "c_")
 
 def made_inside_calls(graph: onnx.GraphProto) -> dict[str, str]:
     """Initializers of the main graph read only where the recorded PyTorch call's decomposition reads a constant
-    of its own (CALL_CONSTANT_INPUTS, ARGUMENT_INPUTS), as the value of a factory call (FACTORY_VALUE) or as a
-    buffer or lifted constant (NOT_TRAINED_PLACEHOLDERS), each with the reason."""
+    of its own (CALL_CONSTANT_INPUTS, ARGUMENT_INPUTS), as the value of a factory call (FACTORY_VALUE) or inside
+    one, or as a buffer or lifted constant (NOT_TRAINED_PLACEHOLDERS), each with the reason."""
     sizes = {t.name: int(np.prod(t.dims)) for t in graph.initializer}
     readers: dict[str, list[str]] = defaultdict(list)  # name -> per reading, who made it, or ""
     for node in graph.node:
         record = record_of(node)
         arguments, values = record.arguments, record.values
+        # a node of a factory call's own decomposition: torch.zeros of a size that depends on a dynamic dimension
+        # (an RNN's initial state of the batch's size) is Expand(a 0-d fill value, the size), not folded
+        factory_call = FACTORY_VALUE.fullmatch(record.call.split(".")[0])
         for index, name in enumerate(node.input):
             key = (record.call, node.op_type, index)
             largest = CALL_CONSTANT_INPUTS.get(key, 0)
@@ -352,6 +355,7 @@ def made_inside_calls(graph: onnx.GraphProto) -> dict[str, str]:
             factory = FACTORY_VALUE.fullmatch(made_by)
             held = [kind + re.sub(r"\W", "_", name) in values for kind in NOT_TRAINED_PLACEHOLDERS]
             readers[name].append(f"by the exporter inside {key[0]}" if own or argument == "None" else
+                                 f"by the source model's {record.call} (no parameter)" if factory_call else
                                  f"by the source model's {made_by} (no parameter)" if factory else
                                  "by the source model as a buffer or constant (no parameter)" if any(held) else "")
     used = uses(graph)

@@ -241,6 +241,18 @@ def test_the_value_of_a_factory_call_is_a_setting(fill, trained):
     assert default_set(model) == trained
 
 
+@pytest.mark.parametrize("call, trained", [("zeros.default", ["M"]), ("expand.default", ["fill", "M"])])
+def test_the_fill_value_inside_a_factory_call_is_a_setting(call, trained):
+    """torch.zeros(2, x.size(0), 16) under dynamic shapes (an RNN's initial state of the batch's size): the dynamo
+    exporter cannot fold it, and makes it inside the recorded zeros call as Expand(a 0-d fill value, the size);
+    a 0-d parameter expanded by a call of its own (x.expand) stays trainable."""
+    nodes = [helper.make_node("Shape", ["X"], ["N"]),
+             recorded(helper.make_node("Expand", ["fill", "N"], ["Z"]), call, "[%sym_size_int_2, 8]"),
+             helper.make_node("Add", ["X", "Z"], ["S"]), helper.make_node("MatMul", ["S", "M"], ["Y"])]
+    model = model_of(nodes, {"X": [2, 8]}, {"fill": np.array(0.0), "M": np.eye(8) + 0.1})
+    assert default_set(model) == trained
+
+
 @pytest.mark.parametrize("placeholder, trained", [("%b_norm_scale", ["M"]), ("%c_lifted_tensor_0", ["M"]),
                                                    ("%p_norm_scale", ["norm.scale", "M"])])
 def test_a_buffer_is_a_setting(placeholder, trained):

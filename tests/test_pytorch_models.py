@@ -73,3 +73,42 @@ def test_pytorch_export_matches_pytorch_at_two_batch_sizes(name):
             expected = module(torch.from_numpy(x)).numpy()
         np.testing.assert_allclose(np.asarray(engine.infer({"X": x})["Y"]), expected, rtol=1e-3, atol=1e-4)
     assert engine.trace_count == 2  # one per batch size; repeated shapes reuse the compiled program
+
+
+class GRUClassifier(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gru = torch.nn.GRU(3, 8, batch_first=True)
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        out, _ = self.gru(x)
+        return self.head(out[:, -1])
+
+
+def test_dynamic_shapes_export_trains_like_pytorch_over_varying_batches():
+    """A dynamo export with dynamic batch and length (torch.export.Dim), made trainable with the default set and
+    trained on batches of different shapes, as PyTorch trains the module (the last step's loss reads the weights
+    the earlier steps made). The GRU's zero initial state depends on
+    the batch size: the export makes it as Expand(0-d zero, shape) inside the recorded torch.zeros call, where a
+    static export folds it into a tensor; that zero is no parameter (trained, it moved the initial state)."""
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    module = GRUClassifier().eval()
+    trained = GRUClassifier().eval()
+    trained.load_state_dict(module.state_dict())
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
+    model = torch.onnx.export(module, (torch.zeros(2, 5, 3),), dynamo=True, verbose=False, input_names=["X"],
+                              dynamic_shapes=({0: batch, 1: length},)).model_proto
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="cross_entropy", optimizer="sgd", learning_rate=0.5))
+    optimizer = torch.optim.SGD(trained.parameters(), lr=0.5)
+    rng = np.random.default_rng(0)
+    for shape in [(2, 5), (3, 4), (2, 5)]:
+        x = rng.normal(size=(*shape, 3)).astype(np.float32)
+        y = rng.integers(0, 2, size=shape[0])
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(trained(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        optimizer.step()
+        np.testing.assert_allclose(float(engine.train_step({"X": x, "target": y})["loss"]), loss.item(), rtol=1e-5)
+    assert engine.trace_count == 2  # one train step compile per shape
