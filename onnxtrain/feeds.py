@@ -217,7 +217,7 @@ def check_one(name: str, info: ValueInfo, value: Any, symbols: dict[str, tuple[i
             raise FeedError(
                 f"feed {name!r}: dimension {axis} must be {want} (shape {format_shape(info.shape)}), got {got}: "
                 f"the model fixes that size (an export keeps its example's sizes unless told which vary: "
-                f"torch.onnx.export's and from_torch's dynamic_shapes=)"
+                f"torch.onnx.export's and from_torch's dynamic_shapes=, dynamic_axes= with dynamo=False)"
             )
         if isinstance(want, str):
             seen = symbols.setdefault(want, (got, f"{name!r} dimension {axis}"))

@@ -3,6 +3,7 @@ trainable on exactly the parameters PyTorch would train. torch is imported only 
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Any, Mapping, Sequence
 
@@ -41,6 +42,7 @@ def from_torch(module: Any, example_inputs: Sequence[Any], *, kwargs: Mapping[st
     if output_names is None:
         name_outputs_by_key(program)
     model = program.model_proto
+    warn_fixed_dimensions(dynamic_shapes, model)
     initializers = {t.name for t in model.graph.initializer}
     names_of: dict[int, list[str]] = {}
     required: dict[int, bool] = {}
@@ -50,6 +52,33 @@ def from_torch(module: Any, example_inputs: Sequence[Any], *, kwargs: Mapping[st
     trainable = [next(n for n in names if n in initializers) for key, names in names_of.items()
                  if required[key] and any(n in initializers for n in names)]
     return make_trainable(model, trainable=trainable, **options)
+
+
+def warn_fixed_dimensions(dynamic_shapes: Any, model: onnx.ModelProto) -> None:
+    """Warn where a dimension `dynamic_shapes` names (torch.export.Dim("seq")) is no input's dimension in the
+    export: torch.export specializes a dimension the model's code makes a constant (nn.LSTM's and nn.GRU's
+    length, in torch 2.13), torch.onnx.export then exports with the example's size, and the first batch of
+    another size would be a FeedError saying the model fixes it, which the user did tell to vary."""
+    import torch
+
+    named: set[str] = set()
+    stack = [dynamic_shapes]
+    while stack:
+        spec = stack.pop()
+        if isinstance(spec, Mapping):
+            stack.extend(spec.values())
+        elif isinstance(spec, (list, tuple)):
+            stack.extend(spec)
+        elif isinstance(spec, torch.export.Dim):  # Dim.AUTO and Dim.DYNAMIC name nothing; a derived 2*seq names seq
+            named.add(spec.__name__)
+    kept = " ".join(d.dim_param for i in model.graph.input for d in i.type.tensor_type.shape.dim)
+    fixed = sorted(n for n in named if not re.search(rf"\b{re.escape(n)}\b", kept))
+    if fixed:
+        dims = [[d.dim_param or str(d.dim_value) for d in i.type.tensor_type.shape.dim] for i in model.graph.input]
+        shapes = ", ".join(f"{i.name} [{', '.join(d)}]" for i, d in zip(model.graph.input, dims))
+        warnings.warn(f"from_torch: dynamic_shapes names {fixed}, but the export fixed them to the example's sizes "
+                      f"({shapes}): torch.export specialized them (the model's code treats them as constants), "
+                      f"so every batch must keep those sizes", stacklevel=3)
 
 
 def name_outputs_by_key(program: Any) -> None:

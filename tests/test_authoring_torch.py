@@ -362,3 +362,33 @@ def test_from_torch_names_a_mapping_s_outputs_after_its_keys_and_takes_keyword_a
                                    rtol=1e-5, atol=1e-6)
     with pytest.raises(AuthoringError, match=r"pass keyword arguments as kwargs="):
         onnxtrain.from_torch(module, {"x": torch.from_numpy(x)}, loss="output:loss")
+
+
+class Pooled(torch.nn.Module):
+    """A head over the positions of x [batch, length, 3], flattened (length fixed by the code) or averaged."""
+
+    def __init__(self, flatten: bool):
+        super().__init__()
+        self.flatten = flatten
+        self.head = torch.nn.Linear(4 * 3 if flatten else 3, 2)
+
+    def forward(self, x):
+        return self.head(x.reshape(x.shape[0], 4 * 3) if self.flatten else x.mean(1))
+
+
+@pytest.mark.parametrize("flatten", [True, False])
+def test_from_torch_warns_where_the_export_fixed_a_dimension_dynamic_shapes_names(flatten):
+    """torch.export specializes a dimension the code makes constant (here a reshape by the example's length; nn.LSTM's
+    length in torch 2.13) and torch.onnx.export exports it fixed without a word: the first batch of another length
+    would be a FeedError saying the model fixes that size, after the user asked for it to vary."""
+    pytest.importorskip("onnxscript")
+    dims = ({0: torch.export.Dim("batch"), 1: torch.export.Dim("length")},)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = onnxtrain.from_torch(Pooled(flatten), (torch.zeros(2, 4, 3),), dynamic_shapes=dims, loss="mse")
+    said = [str(w.message) for w in caught if str(w.message).startswith("from_torch")]
+    length = model.graph.input[0].type.tensor_type.shape.dim[1]
+    assert (length.dim_value == 4) == flatten  # what torch exported, which the warning must agree with
+    assert said == ([r"from_torch: dynamic_shapes names ['length'], but the export fixed them to the example's "
+                     r"sizes (x [batch, 4, 3]): torch.export specialized them (the model's code treats them as "
+                     r"constants), so every batch must keep those sizes"] if flatten else [])
