@@ -229,6 +229,9 @@ def temporaries(executable: jax.stages.Compiled) -> int:
     return 0 if analysis is None else analysis.temp_size_in_bytes
 
 
+MANY_SIGNATURES = 8  # compiles of one program after which its caller is told how to stop them (count_trace)
+
+
 class Program:
     """`body(*arrays, static_feeds) -> (state, outputs)`, compiled per static-feed values and input signature.
 
@@ -267,6 +270,17 @@ class Program:
         self.recent: jax.stages.Compiled | None = None
         trim_after_compiles()  # the compiler's freed heap goes back to the system (host_memory.py)
 
+    def count_trace(self) -> None:
+        """One more signature prepared; at MANY_SIGNATURES, a warning: each costs a compile (seconds to a minute)
+        where a step costs milliseconds, and a loop feeding batches of ever new shapes (text padded to each batch's
+        longest) spends its time compiling without a word."""
+        self.trace_count += 1
+        if self.trace_count == MANY_SIGNATURES:
+            warnings.warn(f"onnxtrain's {self.name or 'program'!r} program has now been compiled for "
+                          f"{MANY_SIGNATURES} signatures, one per new shape of its feeds (or value of a feed it "
+                          "needs as a constant): pad batches to a few shapes, e.g. text to a multiple of 8 tokens, "
+                          "so that the compiles stop", stacklevel=2)
+
     def _compiled(self, static: Mapping[str, Any]) -> tuple[Callable, tuple]:
         key = static_key(static)
         if key not in self.cache:
@@ -279,7 +293,7 @@ class Program:
         def traced(constants, *arrays):
             with tracing(self.matmul_precision, self.platform), hoisting(constants):
                 state, outputs = self.body(*arrays, static)
-            self.trace_count += 1  # counted once complete: a trace that stops to specialise a feed is not one
+            self.count_trace()  # counted once complete: a trace that stops to specialise a feed is not one
             host = {n: v for n, v in outputs.items() if host_only(v)}
             self.host_outputs[key] = host
             return state, {n: v for n, v in outputs.items() if n not in host}
@@ -376,7 +390,7 @@ class Program:
         loaded = store.load(entry)
         if loaded is not None:
             trim_heap()  # the read's freed memory, as after a compile
-            self.trace_count += 1  # a program prepared, as a trace would have
+            self.count_trace()  # a program prepared, as a trace would have
             self.host_outputs[key] = loaded.host_outputs
             self.notes.update(loaded.notes)
             return loaded.executable

@@ -8,6 +8,7 @@ import gc
 import os
 import subprocess
 import sys
+import warnings
 
 import jax
 import numpy as np
@@ -50,6 +51,22 @@ def test_one_trace_per_signature():
         a, b = jax.numpy.ones((n, 3)), jax.numpy.ones((3, n))
         np.testing.assert_allclose(engine.infer({"a": a, "b": b})["y"], np.full((n, n), 3.0))
     assert engine.trace_count == 2
+
+
+def test_the_eighth_signature_of_a_program_warns_once_how_to_stop_compiling():
+    """A loop feeding ever new shapes compiles each (seconds) and would say nothing: the eighth says so, once."""
+    engine = onnxtrain.load(matmul_model())
+    for n in range(1, program.MANY_SIGNATURES + 3):
+        feeds = {"a": np.ones((n, 3), np.float32), "b": np.ones((3, n), np.float32)}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            np.testing.assert_allclose(engine.infer(feeds)["y"], np.full((n, n), 3.0))
+        said = [str(w.message) for w in caught if "compiled for" in str(w.message)]
+        assert said == ([f"onnxtrain's 'infer' program has now been compiled for {program.MANY_SIGNATURES} "
+                         "signatures, one per new shape of its feeds (or value of a feed it needs as a constant): "
+                         "pad batches to a few shapes, e.g. text to a multiple of 8 tokens, so that the compiles "
+                         "stop"] if n == program.MANY_SIGNATURES else []), n
+    assert engine.trace_count == program.MANY_SIGNATURES + 2
 
 
 @pytest.mark.parametrize("precision, expected", [("highest", "HIGHEST"), ("default", "DEFAULT")])
