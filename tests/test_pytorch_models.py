@@ -87,23 +87,24 @@ class GRUClassifier(torch.nn.Module):
 
 
 def test_dynamic_shapes_export_trains_like_pytorch_over_varying_batches():
-    """A dynamo export with dynamic batch and length (torch.export.Dim), made trainable with the default set and
-    trained on batches of different shapes, as PyTorch trains the module (the last step's loss reads the weights
-    the earlier steps made). The GRU's zero initial state depends on
-    the batch size: the export makes it as Expand(0-d zero, shape) inside the recorded torch.zeros call, where a
-    static export folds it into a tensor; that zero is no parameter (trained, it moved the initial state)."""
+    """A dynamo export with a dynamic batch (torch.export.Dim), made trainable with the default set and trained on
+    batches of different sizes, as PyTorch trains the module (the last step's loss reads the weights the earlier
+    steps made). The GRU's zero initial state depends on the batch size: the export makes it as Expand(0-d zero,
+    shape) inside the recorded torch.zeros call, where a static export folds it into a tensor; that zero is no
+    parameter (trained, it moved the initial state). The length stays fixed: torch 2.13's export specializes an
+    RNN's length from the second such export in a process (from_torch warns of it), so a dynamic length would
+    depend on which tests ran before in the process."""
     pytest.importorskip("onnxscript")
     torch.manual_seed(0)
     module = GRUClassifier().eval()
     trained = GRUClassifier().eval()
     trained.load_state_dict(module.state_dict())
-    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
     model = torch.onnx.export(module, (torch.zeros(2, 5, 3),), dynamo=True, verbose=False, input_names=["X"],
-                              dynamic_shapes=({0: batch, 1: length},)).model_proto
+                              dynamic_shapes=({0: torch.export.Dim("batch")},)).model_proto
     engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="cross_entropy", optimizer="sgd", learning_rate=0.5))
     optimizer = torch.optim.SGD(trained.parameters(), lr=0.5)
     rng = np.random.default_rng(0)
-    for shape in [(2, 5), (3, 4), (2, 5)]:
+    for shape in [(2, 5), (3, 5), (2, 5)]:
         x = rng.normal(size=(*shape, 3)).astype(np.float32)
         y = rng.integers(0, 2, size=shape[0])
         optimizer.zero_grad()
