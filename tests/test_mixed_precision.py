@@ -176,7 +176,7 @@ def test_traced_for_a_gpu_a_convolution_and_its_gradients_compute_in_the_compute
 @pytest.fixture(scope="module")
 def gpt2():
     """zoo's two-layer GPT-2 (hidden 32), made trainable with Adam on next-token cross-entropy, and one batch."""
-    module = zoo.gpt2()
+    module = zoo.ZOO["gpt2"].module()  # seeded: unseeded weights moved the curves' distance by 10x run to run
     rng = np.random.default_rng(0)
     ids, mask = zoo.tokens(rng), zoo.mask()
     labels = zoo.lm_labels(rng, (zoo.BATCH, zoo.SEQ, zoo.VOCAB))
@@ -213,7 +213,7 @@ def test_float32_run_is_pytorchs_adam(gpt2):
 @pytest.mark.parametrize("precision, remat", [("bfloat16", False), ("float16", False), ("float16", True)])
 def test_mixed_precision_trains_a_transformer_like_float32(gpt2, precision, remat, tmp_path):
     """50 Adam steps on one batch (the loss falls from 4.2 to 0.004). Measured: the per-step relative difference
-    from float32's curve is at most 0.5 % (bfloat16) and 0.1 % (float16); 3 % leaves room for other BLAS builds
+    from float32's curve is at most 0.9 % (bfloat16) and 0.13 % (float16); 3 % leaves room for other BLAS builds
     while a product left in float32 or computed wrong would still be caught by the exact checks above. With
     remat, float16's scaled seed passes through the recomputed segments' backward passes."""
     _, model, feeds = gpt2
