@@ -22,7 +22,8 @@ from .dtypes import onnx_type, type_name
 from .errors import ExportError, ModelLoadError
 from .external_data import ExternalValues
 from .placement import host_array
-from .tensor_data import holds_no_data, lies_in_memory, raw_size, sparse_to_dense, tensor_value, zeros_of
+from .tensor_data import (field_beside_raw_data, holds_no_data, lies_in_memory, raw_size, sparse_to_dense,
+                          tensor_value, zeros_of)
 
 STEP_METADATA_KEY = "onnxtrain.step"  # metadata_props key of an exported model's train step count
 DATA_ALIGNMENT = 64  # bytes; each tensor starts at a multiple of this in the data file
@@ -152,9 +153,10 @@ def values_bytes(tensor: TensorProto) -> int:
 
 def holds_zeros(tensor: TensorProto, raw: bytes) -> bool:
     """`raw`, `tensor`'s raw_data, is of exactly the size its dims and type need, all zero bytes (a malformed
-    tensor keeps its bytes, for tensor_value to name what is wrong)."""
+    tensor keeps its bytes, for tensor_value to name what is wrong: a typed field holding values too, which
+    without raw_data would be read instead)."""
     try:
-        return len(raw) == raw_size(tensor, "") and not raw.strip(b"\0")
+        return len(raw) == raw_size(tensor, "") and not raw.strip(b"\0") and not field_beside_raw_data(tensor)
     except ModelLoadError:
         return False
 

@@ -82,6 +82,11 @@ def tensor_value(tensor: TensorProto, label: str | None = None) -> np.ndarray:
             raise ModelLoadError(f"{label} has {len(tensor.string_data)} strings for dims {list(tensor.dims)}")
         strings = [decode_utf8(s, f"a string of {label}") for s in tensor.string_data]
         return np.array(strings, dtype=object).reshape(tuple(tensor.dims))
+    doubled = field_beside_raw_data(tensor)
+    if doubled:
+        raise ModelLoadError(
+            f"{label} holds values both in raw_data and in {doubled}, which onnx.checker refuses; keep one of them"
+        )
     raw = tensor.raw_data if tensor.HasField("raw_data") else None  # each read of the field copies its bytes
     if raw is not None:
         needed, held, unit = raw_size(tensor, label), len(raw), "bytes of raw_data"
@@ -94,6 +99,14 @@ def tensor_value(tensor: TensorProto, label: str | None = None) -> np.ndarray:
             f"{TensorProto.DataType.Name(tensor.data_type)} need {needed}"
         )
     return numpy_helper.to_array(tensor) if raw is None else raw_value(tensor, raw)
+
+
+def field_beside_raw_data(tensor: TensorProto) -> str | None:
+    """The typed field (float_data, int64_data...) that holds entries although raw_data is set too, if any."""
+    if not tensor.HasField("raw_data") or tensor.data_type not in KNOWN_TYPES - {TensorProto.STRING}:
+        return None
+    field = helper.tensor_dtype_to_field(tensor.data_type)
+    return field if len(getattr(tensor, field)) else None
 
 
 def refuse_segment(tensor: TensorProto, label: str) -> None:

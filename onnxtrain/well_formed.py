@@ -1,9 +1,11 @@
 """What the lowering relies on and onnx.checker would catch, checked even when the checker is skipped (check=False):
 every string field is text, every value a node reads or a graph returns is defined before it is used, and defined
-once (the checker does not look across ModelProto.graph and the training graphs, which see its values)."""
+once (the checker does not look across ModelProto.graph and the training graphs, which see its values, nor inside
+the training graphs at all), and a model with training graphs declares an IR version that has them."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 import onnx
@@ -35,9 +37,21 @@ def check_text_fields(message: Message, where: str = "the model") -> None:
             raise ModelLoadError(f"{where}.{descriptor.name} is not valid UTF-8")
 
 
+# The IR version that introduced TrainingInfoProto (onnx.proto: "IR VERSION 7 ... Add message TrainingInfoProto")
+TRAINING_IR_VERSION = 7
+
+
 def graph_defines(graph: onnx.GraphProto) -> set[str]:
-    return ({i.name for i in graph.input} | {t.name for t in graph.initializer}
-            | {s.values.name for s in graph.sparse_initializer})
+    """The names a graph's inputs and initializers define. An initializer named twice (dense or sparse), or an
+    input declared twice, would leave the lowering to read one of the two, silently (the checker refuses both)."""
+    owner = f"graph {graph.name!r}"
+    initializers = [t.name for t in graph.initializer] + [s.values.name for s in graph.sparse_initializer]
+    inputs = [i.name for i in graph.input]
+    for names, what in ((initializers, "initializer"), (inputs, "input")):
+        twice = sorted(n for n, count in Counter(names).items() if count > 1)
+        if twice:
+            raise ModelLoadError(f"{owner} has more than one {what} named {twice[0]!r}; each name is defined once")
+    return set(inputs) | set(initializers)
 
 
 def check_nodes(nodes: Iterable[onnx.NodeProto], defined: set[str], owner: str) -> set[str]:
@@ -88,6 +102,17 @@ def check_value_scopes(model: onnx.ModelProto) -> None:
                 raise ModelLoadError(f"{owner} returns {output!r}, which none of its inputs or nodes defines")
 
 
+def check_ir_version(model: onnx.ModelProto) -> None:
+    """A model of an IR version before training_info existed cannot mean its training graphs (the checker lets
+    them pass)."""
+    if model.training_info and model.ir_version < TRAINING_IR_VERSION:
+        raise ModelLoadError(
+            f"the model has training_info but declares ir_version {model.ir_version}; TrainingInfoProto exists "
+            f"from IR version {TRAINING_IR_VERSION} (set ir_version to {TRAINING_IR_VERSION} or later)"
+        )
+
+
 def check_well_formed(model: onnx.ModelProto) -> None:
+    check_ir_version(model)
     check_text_fields(model)
     check_value_scopes(model)

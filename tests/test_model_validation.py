@@ -154,7 +154,23 @@ def training_graph_redefines_a_main_value(m):
                                               [helper.make_tensor_value_info("c", TensorProto.FLOAT, [3])]))
 
 
+def initializer_twice(m):
+    m.graph.initializer.append(numpy_helper.from_array(np.full(3, 2, np.float32), "b"))  # which b would be read?
+
+
+def sparse_and_dense_initializer(m):
+    m.graph.sparse_initializer.append(helper.make_sparse_tensor(
+        numpy_helper.from_array(np.ones(1, np.float32), "b"), numpy_helper.from_array(np.array([0], np.int64)), [3]))
+
+
+def input_twice(m):
+    m.graph.input.append(helper.make_tensor_value_info("a", TensorProto.DOUBLE, ["N", 3]))
+
+
 @pytest.mark.parametrize("break_it, message", [
+    (initializer_twice, "graph 'add' has more than one initializer named 'b'"),
+    (sparse_and_dense_initializer, "graph 'add' has more than one initializer named 'b'"),
+    (input_twice, "graph 'add' has more than one input named 'a'"),
     (node_redefines_an_initializer, "node 'Relu' of graph 'add' defines 'b', which an input, an initializer"),
     (training_graph_redefines_a_main_value, "node 'Relu' of graph 'step' defines 'c', which .* defines already"),
     (output_never_produced, "graph 'add' returns 'c', which nothing in it or around it defines"),
@@ -199,7 +215,33 @@ def test_a_string_inside_a_tensor_or_a_training_graph_that_is_not_utf8_is_refuse
             onnxtrain.load(data.replace(field, field[:1] + b"\xff" + field[2:]), check=False)
 
 
+def raw_and_typed_data(m):
+    """The spec reads raw_data where it is set; the engine's zero-state path had read float_data instead."""
+    m.graph.initializer[0].float_data[:] = [1.0, 2.0, 3.0]
+
+
+def add_softmax(m):
+    m.graph.node.append(helper.make_node("Softmax", ["c"], ["s"], axis=1, name="soft"))
+    return m.graph.node[-1].attribute[0]
+
+
+def int_attribute_set_as_float(m):
+    axis = add_softmax(m)
+    axis.ClearField("i")
+    axis.f = 0.0  # read as the INT's field, i, this was the default 0, not an error
+
+
+def floats_attribute_set_as_ints(m):
+    m.graph.node.append(helper.make_node("Constant", [], ["k"], value_floats=[1.0], name="const"))
+    value = m.graph.node[-1].attribute[0]
+    del value.floats[:]
+    value.ints[:] = [1]
+
+
 @pytest.mark.parametrize("break_it, message", [
+    (raw_and_typed_data, "initializer 'b' holds values both in raw_data and in float_data"),
+    (int_attribute_set_as_float, "attribute 'axis' of node 'soft' is of type INT but sets field 'f', not 'i'"),
+    (floats_attribute_set_as_ints, "attribute 'value_floats' of node 'const' is of type FLOATS but sets field 'ints'"),
     (unknown_type, "initializer 'b' has unknown element type 99"),
     (short_raw_data, r"initializer 'b' has 8 bytes of raw_data where its dims \[3\] and type FLOAT need 12"),
     (huge_dims, r"initializer 'b' has 12 bytes of raw_data where its dims \[4611686018427387904\]"),
@@ -226,3 +268,45 @@ def test_malformed_model_is_one_model_load_error(break_it, message):
         onnxtrain.load(model.SerializeToString(), check=False)
     with pytest.raises(ModelLoadError):
         onnxtrain.load(model.SerializeToString())
+
+
+def training_graph_attribute_of_another_type(m):
+    info = training_graph_reading(m, "b")
+    info.algorithm.node.append(helper.make_node("Softmax", ["b2"], ["s"], axis=0, name="soft"))
+    info.algorithm.node[-1].attribute[0].type = onnx.AttributeProto.STRING
+
+
+def ir_version_before_training(m):
+    training_graph_reading(m, "b")
+    m.ir_version = 6
+
+
+def training_graph_reading(m, name):
+    info = m.training_info.add()
+    info.algorithm.CopyFrom(helper.make_graph([helper.make_node("Identity", [name], ["b2"])], "step", [],
+                                              [helper.make_tensor_value_info("b2", TensorProto.FLOAT, [3])]))
+    return info
+
+
+@pytest.mark.parametrize("break_it, message", [
+    (training_graph_attribute_of_another_type, "attribute 'axis' of node 'soft' is of type STRING but sets field 'i'"),
+    (ir_version_before_training, "training_info but declares ir_version 6; TrainingInfoProto exists from IR version 7"),
+])
+@pytest.mark.parametrize("check", [True, False])
+def test_what_the_checker_passes_in_a_training_model_is_refused(break_it, message, check):
+    """onnx.checker looks neither inside the training graphs nor at the IR version training_info needs."""
+    model = add_model()
+    break_it(model)
+    onnx.checker.check_model(model)
+    with pytest.raises(ModelLoadError, match=message):
+        onnxtrain.load(model.SerializeToString(), check=check)
+
+
+def test_a_zero_state_variable_holding_typed_values_too_is_refused():
+    """load drops the bytes of an all-zero state variable (export.without_zero_state); its float_data, left
+    behind, was then read as its value instead of the raw_data the spec reads."""
+    from training_models import linear_regression
+    model = linear_regression(np.zeros((2, 1), np.float32), np.zeros(1, np.float32), 0.1)
+    model.graph.initializer[0].float_data[:] = [5.0, 6.0]
+    with pytest.raises(ModelLoadError, match="initializer 'W' holds values both in raw_data and in float_data"):
+        onnxtrain.load(model.SerializeToString(), check=False)

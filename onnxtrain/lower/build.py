@@ -103,6 +103,30 @@ def sparse_to_dense(sparse: onnx.SparseTensorProto, label: str) -> np.ndarray:
     return tensor_data.sparse_to_dense(sparse, label, max_bytes=PROTOBUF_LIMIT)
 
 
+# AttributeProto's value field of each type (onnx.proto: `type` "MUST be set and match the f|i|s|t|... field in
+# use"; "Exactly ONE of the following fields must be present")
+VALUE_FIELDS = {
+    onnx.AttributeProto.FLOAT: "f", onnx.AttributeProto.INT: "i", onnx.AttributeProto.STRING: "s",
+    onnx.AttributeProto.TENSOR: "t", onnx.AttributeProto.GRAPH: "g",
+    onnx.AttributeProto.SPARSE_TENSOR: "sparse_tensor", onnx.AttributeProto.TYPE_PROTO: "tp",
+    onnx.AttributeProto.FLOATS: "floats", onnx.AttributeProto.INTS: "ints", onnx.AttributeProto.STRINGS: "strings",
+    onnx.AttributeProto.TENSORS: "tensors", onnx.AttributeProto.GRAPHS: "graphs",
+    onnx.AttributeProto.SPARSE_TENSORS: "sparse_tensors", onnx.AttributeProto.TYPE_PROTOS: "type_protos",
+}
+SINGULAR_FIELDS = frozenset({"f", "i", "s", "t", "g", "sparse_tensor", "tp"})
+
+
+def check_value_field(attr: onnx.AttributeProto, what: str) -> None:
+    """The attribute holds its value in its type's field and in no other: decoding the type's field alone would
+    read a default (0, []) where the producer wrote a value elsewhere. An empty list sets no field, as the
+    type's own field unset reads its default (proto3 writers omit a default), both allowed."""
+    others = [name for name in VALUE_FIELDS.values() if name != VALUE_FIELDS[attr.type]
+              and (attr.HasField(name) if name in SINGULAR_FIELDS else len(getattr(attr, name)))]
+    if others:
+        kind = onnx.AttributeProto.AttributeType.Name(attr.type)
+        raise ModelLoadError(f"{what} is of type {kind} but sets field {others[0]!r}, not {VALUE_FIELDS[attr.type]!r}")
+
+
 def decode_attribute(attr: onnx.AttributeProto, resolver: Resolver, owner: str = "") -> Any:
     kind = onnx.AttributeProto
     what = f"attribute {attr.name!r}{owner}"
@@ -124,6 +148,7 @@ def decode_attribute(attr: onnx.AttributeProto, resolver: Resolver, owner: str =
     }
     if attr.type not in decoders:
         raise ModelLoadError(f"{what} has unknown type {attr.type}")
+    check_value_field(attr, what)
     return decoders[attr.type]()
 
 
