@@ -88,3 +88,53 @@ def test_if_branches_must_agree(else_types, message):
     engine = onnxtrain.load(if_model((np.float32,), else_types), check=False)
     with pytest.raises(NodeError, match=f"If 'choose': {message}"):
         engine.infer({"C": np.array(True)})
+
+
+def declared(graph, name: str):
+    return next(o for o in graph.output if o.name == name).type.tensor_type
+
+
+def declare_double(t):
+    t.elem_type = TensorProto.DOUBLE
+
+
+def declare_other_size(t):
+    t.shape.dim[-1].dim_value = 4
+
+
+def declare_other_rank(t):
+    t.shape.dim.add().dim_value = 1
+
+
+@pytest.mark.parametrize("graph, output, change, message", [
+    ("main", "Y", declare_double, "output 'Y' of graph 'linear' is declared double but computes float"),
+    ("main", "Y", declare_other_size, r"output 'Y' of graph 'linear' is declared of shape \['N', 4\] but computes \[2"),
+    ("main", "Y", declare_other_rank, r"output 'Y' of graph 'linear' is declared of shape \['N', 1, 1\] but computes"),
+    ("algorithm", "W_new", declare_double, "output 'W_new' of graph 'sgd' is declared double but computes float"),
+    ("algorithm", "W_new", declare_other_size, r"output 'W_new' of graph 'sgd' is declared of shape \[2, 4\]"),
+])
+def test_an_output_computed_other_than_declared_is_an_error(graph, output, change, message):
+    """The value returned is what the graph computes; a declaration it contradicts is a model error (the checker
+    passes it: it infers no types), not a reading to choose. dim_param and elem_type 0 leave it free."""
+    m = linear_regression(np.zeros((2, 1), np.float32), np.zeros(1, np.float32), 0.1)
+    change(declared(m.graph if graph == "main" else m.training_info[0].algorithm, output))
+    feeds = {"X": np.ones((2, 2), np.float32), "T": np.ones((2, 1), np.float32)}
+    engine = onnxtrain.load(m)
+    with pytest.raises(NodeError, match=message):
+        engine.train_step(feeds)
+    if graph == "main":
+        with pytest.raises(NodeError, match=message):
+            engine.infer({"X": feeds["X"]})
+
+
+def test_an_output_declared_without_type_or_with_symbolic_dims_takes_what_is_computed():
+    m = linear_regression(np.zeros((2, 1), np.float32), np.zeros(1, np.float32), 0.1)
+    y = declared(m.graph, "Y")
+    y.elem_type = 0
+    y.shape.dim[1].dim_param = "M"
+    w_new = declared(m.training_info[0].algorithm, "W_new")
+    w_new.shape.dim[0].dim_param = "K"
+    w_new.shape.dim[1].Clear()  # neither dim_value nor dim_param: unknown
+    engine = onnxtrain.load(m, check=False)  # the checker wants a main output's type
+    assert engine.infer({"X": np.ones((2, 2), np.float32)})["Y"].shape == (2, 1)
+    engine.train_step({"X": np.ones((2, 2), np.float32), "T": np.ones((2, 1), np.float32)})

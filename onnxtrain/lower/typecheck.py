@@ -5,20 +5,23 @@ JAX promotes mixed dtypes silently (an int64 X times float weights gives floats)
 runtime refuses (ONNX Runtime: "Type parameter (T) of Optype (Gemm) bound to different types") would run and
 return numbers. The schema says which inputs share one type parameter, so must have one type.
 An If whose cond is known at trace time runs one branch only, so branches that disagree went unnoticed.
+A top-level graph's outputs against their declared types, checked when the graph is traced: the value returned
+is what the graph computes, so a declaration that differs (double declared, float computed) is a model error,
+never a reading the engine picks.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
 import onnx.defs
 
-from ..dtypes import onnx_type
+from ..dtypes import onnx_type, type_name
 from ..errors import NodeError
-from ..ir import Node
+from ..ir import Graph, Node, ValueInfo
 from .layout import ChannelsLast
 from .registry import schema_for
 from .values import Value
@@ -84,3 +87,26 @@ def check_input_types(node: "Node", args: Sequence[Value]) -> None:
         if first[0] != actual:
             raise NodeError(f"{node.label}: input {i} ({name!r}) is {actual} but input {first[1]} "
                             f"({node.inputs[first[1]]!r}) is {first[0]}; the schema gives both type {param}")
+
+
+def check_outputs(graph: Graph, values: Mapping[str, Value]) -> None:
+    """Each output of `graph` (ModelProto.graph, an initialization or algorithm graph) as traced against its
+    ValueInfo: the element type where declared (not 0) and each dimension declared as a number; a dim_param or
+    an absent dimension matches any size."""
+    for info in graph.outputs:
+        check_declared(info, values[info.name], f"output {info.name!r} of graph {graph.name!r}")
+
+
+def check_declared(info: ValueInfo, value: Value, what: str) -> None:
+    """`value` as the model sees it (a Scope's, channels first)."""
+    dtype, shape = getattr(value, "dtype", None), getattr(value, "shape", None)
+    if isinstance(value, list) or dtype is None or shape is None or info.elem_type is None:
+        return  # a sequence, an absent optional, a declaration that is not a tensor's
+    computed = onnx_type(np.dtype(dtype))
+    if info.elem_type and computed != info.elem_type:
+        raise NodeError(f"{what} is declared {type_name(info.elem_type)} but computes {type_name(computed)}")
+    declared = info.shape
+    if declared is not None and (len(declared) != len(shape) or any(
+            isinstance(d, int) and d != n for d, n in zip(declared, shape))):
+        shown = [d if d is not None else "?" for d in declared]
+        raise NodeError(f"{what} is declared of shape {shown} but computes {list(shape)}")
