@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import zlib
@@ -14,8 +15,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from . import big_models
-from .atomic import (TOKEN_HEX, new_token, remove_matching, replace_atomically, unlink_quietly, writable_target,
-                     write_durably)
+from .atomic import TOKEN_HEX, new_token, replace_atomically, unlink_quietly, writable_target, write_durably
 from .big_models import (PROTOBUF_LIMIT, exceeds_protobuf_limit, initializer_graphs, is_external, lean_copy,
                          weight_tensors)
 from .dtypes import onnx_type, type_name
@@ -261,7 +261,40 @@ def save_atomic(model: onnx.ModelProto, path: str | os.PathLike, external_data: 
     finally:
         if data_name is not None and not committed:
             unlink_quietly(folder / data_name)
-    remove_matching(folder, [data_pattern(path)], keep={data_name} - {None})  # replace_atomically: staging
+    remove_stale_data(folder, path, keep=data_name)  # replace_atomically removed the staging files
+
+
+def remove_stale_data(folder: Path, path: Path, keep: str | None) -> None:
+    """Remove the data files of exports to `path` (`data_pattern`) but `keep`, the one the new model file
+    references, unless another model file of the folder references one: a copy of an exported model file, or a
+    model torch.onnx.export wrote beside `<name>.data` and another model shares, would otherwise lose its weights."""
+    pattern = data_pattern(path)
+    stale = {entry.name for entry in os.scandir(folder) if entry.name != keep and pattern.fullmatch(entry.name)}
+    for name in stale - referenced_by_other_models(folder, path, stale):
+        unlink_quietly(folder / name)
+
+
+def referenced_by_other_models(folder: Path, path: Path, names: set[str]) -> set[str]:
+    """Which of `names` a `.onnx` file of `folder` other than `path` contains (an external-data location is
+    stored as its bytes). A match that is no location keeps a file that could go, never the reverse; a file that
+    cannot be read counts as naming them all. Read only when there is something to remove: a model that
+    references external data is small, its weights being elsewhere."""
+    found: set[str] = set()
+    if not names:
+        return found
+    for entry in os.scandir(folder):
+        if entry.name == path.name or not entry.name.endswith(".onnx") or not entry.is_file():
+            continue
+        try:
+            with open(entry.path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                found |= {name for name in names - found if data.find(name.encode()) >= 0}
+        except ValueError:  # an empty file: it names nothing
+            continue
+        except OSError:
+            return set(names)
+        if found == names:
+            break
+    return found
 
 
 def replaced_by_export(path: Path) -> Callable[[Path], bool]:

@@ -294,6 +294,43 @@ def test_export_removes_leftovers_of_killed_exports_to_the_same_path_only(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(unrelated + ["m.onnx"])  # MLP: all inline
 
 
+def test_export_keeps_a_data_file_another_model_of_the_folder_references(tmp_path, monkeypatch):
+    """torch.onnx.export's pair `m.onnx` + `m.onnx.data`, and `copy.onnx`, a copy of `m.onnx` that references the
+    same data file: an export over `m.onnx` had removed `m.onnx.data`, and `copy.onnx` lost its weights. The same
+    for a copy of an external-data export (its `m.onnx.<hex>.data`). A data file no model references still goes."""
+    monkeypatch.setattr(onnxtrain.big_models, "INLINE_BYTES", 0)
+    model = regression_model()
+    onnx.save_model(model, tmp_path / "m.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="m.onnx.data", size_threshold=1024)  # W: 2 KiB
+    (tmp_path / "copy.onnx").write_bytes((tmp_path / "m.onnx").read_bytes())
+    engine = onnxtrain.load(tmp_path / "m.onnx")
+    engine.export(tmp_path / "m.onnx", external_data=True)
+    (ours,) = set(data_files(tmp_path)) - {"m.onnx.data"}
+    (tmp_path / "copy2.onnx").write_bytes((tmp_path / "m.onnx").read_bytes())
+    engine.export(tmp_path / "m.onnx", external_data=True)
+    assert ours in data_files(tmp_path) and "m.onnx.data" in data_files(tmp_path)
+    x = RNG.normal(size=(3, 8)).astype(np.float32)
+    expected = reference_output(regression_model(), x)  # (save_model moved `model`'s W out)
+    for copy in ("copy.onnx", "copy2.onnx"):
+        np.testing.assert_allclose(onnxruntime_output(tmp_path / copy, x), expected, rtol=1e-5)
+    (tmp_path / "copy.onnx").unlink()
+    (tmp_path / "copy2.onnx").unlink()
+    engine.export(tmp_path / "m.onnx")  # in one file now: no model references any data file
+    assert data_files(tmp_path) == []
+
+
+def test_export_over_a_symlink_replaces_the_link_not_its_target(tmp_path):
+    """docs/semantics.md: a link often points at a file not to be changed (a cache's shared blob)."""
+    (tmp_path / "blobs").mkdir()
+    target = tmp_path / "blobs" / "0123abcd"
+    target.write_bytes(b"pretrained")
+    (tmp_path / "m.onnx").symlink_to(target)
+    engine = trained(1)
+    engine.export(tmp_path / "m.onnx")
+    assert target.read_bytes() == b"pretrained" and not (tmp_path / "m.onnx").is_symlink()
+    assert onnxtrain.load(tmp_path / "m.onnx").step_count == 1
+
+
 def test_export_past_the_protobuf_limit_switches_to_external_data(tmp_path, monkeypatch):
     model = regression_model(width=256)  # W: 8 KiB
     engine = onnxtrain.load(model)
