@@ -125,6 +125,8 @@ def constant_reason(value: np.ndarray, used: list[Use], folded_result: bool = Fa
         return "a uniform batch-shaped operand of Add/Where (a folded attention mask)"
     if position_table(value):
         return "sinusoids of the position (a rotary or sinusoidal position table)"
+    if position_angles(value, used):
+        return "angles p x f of the row index p, read by Sin and Cos (a rotary table before its cos and sin)"
     if alibi_slopes(value):
         return "ALiBi's per-head slopes (a fixed function of the head count)"
     if base_grid(value):
@@ -167,6 +169,24 @@ def sinusoids(table: np.ndarray) -> bool:
     middle, around = table[1:-1], table[2:] + table[:-2]
     twice_cos = (middle * around).sum(axis=0) / np.maximum((middle * middle).sum(axis=0), 1e-30)
     return bool(np.abs(around - twice_cos * middle).max() < 3 * SINUSOID_TOLERANCE)
+
+
+def position_angles(value: np.ndarray, used: list[Use]) -> bool:
+    """Whether `value`, read only by Sin and Cos, holds along its rows (axis -2) the angles p f of the row index p,
+    a frequency f per column (some nonzero): outer(arange(n), inv_freq), concatenated with itself, which
+    TorchScript's constant folding makes of a rotary attention that computes its cos and sin in forward (ESM's)
+    and lifts into an initializer, Sin and Cos being ops it does not fold. PyTorch never trains it; a weight read
+    by Sin or Cos does not start as exact multiples of its second row below a first row of zeros."""
+    if (value.ndim < 2 or value.shape[-2] < POSITIONS_MIN or not used
+            or not all(op in ANGLE_OPS for op, _ in used)):
+        return False
+    table = np.moveaxis(value, -2, 0).reshape(value.shape[-2], -1).astype(np.float64)
+    ramp = np.arange(len(table))[:, None] * table[1]  # row 0 must then be exactly zero
+    return bool(np.any(table[1] != 0)) and bool(np.allclose(table, ramp, rtol=ANGLE_TOLERANCE, atol=0))
+
+
+ANGLE_OPS = {"Sin", "Cos"}
+ANGLE_TOLERANCE = 1e-6  # float32's rounding of p x f, and of (p / scale) x f against p x (f / scale)
 
 
 def alibi_slopes(value: np.ndarray) -> bool:

@@ -4,6 +4,7 @@ and a BatchNorm folded into a Conv is warned about. tests/test_zoo.py checks the
 
 from __future__ import annotations
 
+import io
 import warnings
 
 import ml_dtypes
@@ -95,6 +96,47 @@ def test_rotary_and_sinusoidal_position_tables_are_settings():
     model = model_of(add, {"X": [2, 1500, 32]}, {"P": whisper + 0.02 * rng.normal(size=whisper.shape),
                                                  "M": rng.normal(size=(32, 32))})
     assert default_set(model) == ["P", "M"]  # a learned embedding initialised with sinusoids, once trained
+
+
+def test_a_rotary_angle_table_read_by_cos_and_sin_is_a_setting():
+    """TorchScript folds a rotary attention that computes its tables in forward (ESM's) up to the angles
+    outer(arange(n), inv_freq) that Cos and Sin read; PyTorch trains none of it. A weight read by Sin that does
+    not grow from a row of zeros by its second row stays a parameter, and so does an angle table read by Mul."""
+    inv_freq = (1.0 / 10000 ** (np.arange(0, 8, 2, dtype=np.float32) / 8)).astype(np.float32)
+    angles = np.arange(8, dtype=np.float32)[:, None] * np.concatenate([inv_freq, inv_freq])[None, :]
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Cos", ["A"], ["C"]), helper.make_node("Sin", ["A"], ["S"]),
+             helper.make_node("Mul", ["X", "C"], ["XC"]), helper.make_node("Mul", ["X", "S"], ["XS"]),
+             helper.make_node("Add", ["XC", "XS"], ["R"]), helper.make_node("Mul", ["R", "G"], ["Y"])]
+    model = model_of(nodes, {"X": [2, 4, 8, 8]}, {"A": angles[None], "G": rng.normal(size=(8, 8))})
+    assert default_set(model) == ["G"]
+    near = angles.copy()
+    near[3] += 0.01 * rng.normal(size=8)  # a trained weight read by Sin and Cos: no exact ramp
+    assert default_set(model_of(nodes, {"X": [2, 4, 8, 8]}, {"A": near[None], "G": rng.normal(size=(8, 8))})) == [
+        "A", "G"]
+    product = [helper.make_node("Mul", ["X", "A"], ["Y"])]  # a ramp read by no Sin or Cos
+    assert default_set(model_of(product, {"X": [2, 8, 4]}, {"A": angles[:, :4]})) == ["A"]
+
+
+def test_a_rotary_attention_computing_its_tables_in_forward_trains_its_parameters_alone():
+    """A real TorchScript export of a rotary attention that makes its angles from an inv_freq buffer in forward
+    (ESM's): the default set holds exactly the module's parameters, not the folded angle table."""
+    torch = pytest.importorskip("torch")
+
+    class Rotary(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, 8, 2).float() / 8))
+            self.query, self.head = torch.nn.Linear(8, 8), torch.nn.Linear(8, 3)
+
+        def forward(self, x):
+            freqs = torch.arange(x.shape[1]).float()[:, None] * self.inv_freq  # positions times inv_freq, as ESM
+            angles = torch.cat([freqs, freqs], dim=-1)
+            q = self.query(x)
+            rotated = torch.cat([-q[..., 4:], q[..., :4]], dim=-1)
+            return self.head(q * angles.cos() + rotated * angles.sin())
+
+    assert_default_set_is_the_parameters(Rotary(), torch.randn(2, 8, 8), dynamo=False)
 
 
 @pytest.mark.parametrize("op, weight_shape", [("MatMul", (2, 8, 8)), ("Conv", (2, 1, 3, 3))])
@@ -210,8 +252,8 @@ def test_defaults_of_norms_without_affine_parameters_and_of_embedding_bags_are_n
     assert_default_set_is_the_parameters(Module(), torch.tensor([1, 5, 2, 7, 3, 9]))
 
 
-def assert_default_set_is_the_parameters(module, *args) -> None:
-    """The default trainable set of `module`'s dynamo export holds exactly its parameters: each chosen initializer
+def assert_default_set_is_the_parameters(module, *args, dynamo: bool = True) -> None:
+    """The default trainable set of `module`'s dynamo (or TorchScript) export holds exactly its parameters: each chosen initializer
     equals one of them (itself or, folded, transposed), and each of them is chosen. The parameters are moved off
     their initial values first, so that none is merged with another or folded away (a zero bias)."""
     torch = pytest.importorskip("torch")
@@ -221,7 +263,12 @@ def assert_default_set_is_the_parameters(module, *args) -> None:
         for p in module.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=generator))
     module.eval()
-    model = torch.onnx.export(module, args, dynamo=True).model_proto
+    if dynamo:
+        model = torch.onnx.export(module, args, dynamo=True).model_proto
+    else:  # TorchScript's exporter returns no program: it writes the file
+        buffer = io.BytesIO()
+        torch.onnx.export(module, args, buffer, dynamo=False)
+        model = onnx.load_from_string(buffer.getvalue())
     values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     chosen = default_set(model)
     held = sorted(name for name, p in module.named_parameters() for c in chosen
