@@ -57,12 +57,19 @@ class ParameterizationWarning(UserWarning):
 Use = tuple[str, int]  # (op_type, input index) of one node reading an initializer
 
 
-def uses(graph: onnx.GraphProto) -> dict[str, list[Use]]:
-    """Every node input that reads each name, subgraphs included (a subgraph may read an outer initializer)."""
+def uses(graph: onnx.GraphProto, through_identity: bool = True) -> dict[str, list[Use]]:
+    """Every node input that reads each name, subgraphs included (a subgraph may read an outer initializer). With
+    `through_identity`, an Identity's readers read its input: TorchScript's exporter deduplicates equal
+    initializers (two fresh BatchNorms' zero running means) by keeping one and reading it through an Identity
+    wherever the other was read."""
     found: dict[str, list[Use]] = defaultdict(list)
+    copies: dict[str, list[str]] = defaultdict(list)  # name -> the outputs of the Identity nodes reading it
 
     def walk(g: onnx.GraphProto) -> None:
         for node in g.node:
+            if through_identity and node.op_type == "Identity" and len(node.input) == 1:
+                copies[node.input[0]].append(node.output[0])
+                continue
             for index, name in enumerate(node.input):
                 found[name].append((node.op_type, index))
             for attribute in node.attribute:
@@ -70,6 +77,12 @@ def uses(graph: onnx.GraphProto) -> dict[str, list[Use]]:
                     walk(sub)
 
     walk(graph)
+    for name in list(copies):  # through chains of Identity too; ONNX graphs are acyclic
+        pending = list(copies[name])
+        while pending:
+            copy = pending.pop()
+            found[name].extend(found.get(copy, []))
+            pending.extend(copies.get(copy, []))
     return found
 
 
@@ -378,7 +391,7 @@ def made_inside_calls(graph: onnx.GraphProto) -> dict[str, str]:
                                  f"by the source model's {record.call} (no parameter)" if factory_call else
                                  f"by the source model's {made_by} (no parameter)" if factory else
                                  "by the source model as a buffer or constant (no parameter)" if any(held) else "")
-    used = uses(graph)
+    used = uses(graph, through_identity=False)  # `readers` counts each node, an Identity too
     return {name: f"made {', '.join(sorted(set(made)))}" for name, made in readers.items()
             if name in sizes and all(made) and len(made) == len(used[name])}
 

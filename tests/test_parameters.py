@@ -139,6 +139,16 @@ def test_a_rotary_attention_computing_its_tables_in_forward_trains_its_parameter
     assert_default_set_is_the_parameters(Rotary(), torch.randn(2, 8, 8), dynamo=False)
 
 
+def test_running_statistics_deduplicated_through_identity_are_settings():
+    """TorchScript's exporter keeps one of equal initializers and reads it through Identity nodes where the others
+    were read: two fresh BatchNorms' zero running means and unit variances, which are then read by a
+    BatchNormalization and an Identity. They stay settings, as PyTorch's buffers (PatchTST's BatchNorm1d)."""
+    torch = pytest.importorskip("torch")
+    module = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(),
+                                 torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
+    assert_default_set_is_the_parameters(module, torch.randn(4, 6), dynamo=False)
+
+
 @pytest.mark.parametrize("op, weight_shape", [("MatMul", (2, 8, 8)), ("Conv", (2, 1, 3, 3))])
 def test_zero_initialized_weights_of_products_stay_parameters(op, weight_shape):
     """LoRA's B and a zero-initialized Conv are all zeros of rank >= 3 too, but read by a product, not added."""
