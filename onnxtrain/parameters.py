@@ -384,7 +384,7 @@ def made_inside_calls(graph: onnx.GraphProto) -> dict[str, str]:
             own = key in CALL_CONSTANT_INPUTS and name in sizes and (largest is None or sizes[name] <= largest)
             position = ARGUMENT_INPUTS.get(key, len(arguments))
             argument = arguments[position] if position < len(arguments) else ""  # what the input stands for
-            made_by = name if name in values else argument.removeprefix("%")
+            made_by = name if name in values else merged_value(name, values) or argument.removeprefix("%")
             factory = FACTORY_VALUE.fullmatch(made_by)
             held = [kind + re.sub(r"\W", "_", name) in values for kind in NOT_TRAINED_PLACEHOLDERS]
             readers[name].append(f"by the exporter inside {key[0]}" if own or argument == "None" else
@@ -394,6 +394,17 @@ def made_inside_calls(graph: onnx.GraphProto) -> dict[str, str]:
     used = uses(graph, through_identity=False)  # `readers` counts each node, an Identity too
     return {name: f"made {', '.join(sorted(set(made)))}" for name, made in readers.items()
             if name in sizes and all(made) and len(made) == len(used[name])}
+
+
+def merged_value(name: str, values: set[str]) -> str:
+    """The value of a record's `values` that initializer `name`, named after a factory call's value (zeros),
+    stands for where the exporter merged that call's equal values: each of Mamba's layers starts its scan from
+    torch.zeros, recorded as %zeros, %zeros_1, and the exporter keeps one initializer, `zeros`, for both. A
+    parameter merged into it is recorded as its placeholder (%p_<name>), not as such a value. "" where none."""
+    if not FACTORY_VALUE.fullmatch(name):
+        return ""
+    call = re.sub(r"_\d+$", "", name)
+    return next((v for v in sorted(values) if FACTORY_VALUE.fullmatch(v) and re.sub(r"_\d+$", "", v) == call), "")
 
 
 # The export flags that keep an eval-mode BatchNorm a node of its own (train_mode needs it, the warning says it).

@@ -286,6 +286,28 @@ def assert_default_set_is_the_parameters(module, *args, dynamo: bool = True) -> 
     assert held == sorted(name for name, _ in module.named_parameters()) and len(chosen) == len(held), chosen
 
 
+def test_a_factory_value_merged_across_layers_is_a_setting():
+    """Two layers each starting a recurrence from torch.zeros (Mamba's selective scan): the dynamo exporter folds
+    both values, %zeros and %zeros_1, into one initializer `zeros`, which PyTorch never trains."""
+    torch = pytest.importorskip("torch")
+
+    class Gated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gates = torch.nn.ModuleList(torch.nn.Linear(6, 6) for _ in range(2))
+            self.head = torch.nn.Linear(6, 3)
+
+        def forward(self, x):  # [batch, steps, 6]
+            for gate in self.gates:
+                state = torch.zeros(x.shape[0], 6)
+                for t in range(x.shape[1]):
+                    state = torch.sigmoid(gate(x[:, t])) * state + x[:, t]
+                x = x + state[:, None]
+            return self.head(state)
+
+    assert_default_set_is_the_parameters(Gated(), torch.randn(2, 3, 6))
+
+
 @pytest.mark.parametrize("fill, trained", [("%zeros_like", ["M"]), ("%p_zeros_like", ["zeros_like", "M"])])
 def test_the_value_of_a_factory_call_is_a_setting(fill, trained):
     """torch.zeros_like(mask) made into a float mask by masked_fill (nn.MultiheadAttention's key_padding_mask):
