@@ -270,6 +270,8 @@ def constants(model: onnx.ModelProto) -> dict[str, str]:
     """Float initializers of the main graph that are not parameters, each with the reason."""
     used = uses(model.graph)
     made, results = made_inside_calls(model.graph), folded_results(model.graph)
+    made |= {name: f"folded from values the source model made in forward ({', '.join(sources)})"
+             for name, sources in made_in_forward(model.graph).items() if name not in made}
     reasons = {}
     for tensor in model.graph.initializer:
         if tensor.data_type in TRAINING_FLOAT_TYPES:
@@ -524,12 +526,12 @@ def folded_results(graph: onnx.GraphProto) -> dict[str, tuple[str, str]]:
     the source model's calls: torch.export names a result after its call (%sigmoid, %embedding_1), and the
     exporter names the initializer it folds that result into alike. Factory calls' results aside (constants)."""
     found: dict[str, tuple[str, str]] = {}
-    made_in_forward = {name for name, sources in folded_sources(graph).items() if constant_sources(sources)}
+    made = made_in_forward(graph)
     for node in graph.node:
         record = record_of(node)
         for name in node.input:
             if (record.call and name in record.values and not FACTORY_VALUE.fullmatch(name)
-                    and name not in made_in_forward):
+                    and name not in made):
                 found.setdefault(name, (re.sub(r"_\d+$", "", name), record.call))
     return found
 
@@ -545,6 +547,13 @@ def folded_sources(graph: onnx.GraphProto) -> dict[str, list[str]]:
     """{value: the values the exporter folded it from}, where it recorded them (FOLDED_FROM)."""
     return {info.name: re.findall(r"'([^']*)'", record) for info in graph.value_info
             if (record := metadata(info, FOLDED_FROM))}
+
+
+def made_in_forward(graph: onnx.GraphProto) -> dict[str, list[str]]:
+    """{value: what it was folded from} for the values the exporter folded from tensors the source model made in
+    forward alone (constant_sources): PatchTST's scaler divides by clamp_min(ones_like(x).sum(1), 1), x's shape
+    folded into a tensor of 16s that no parameter reaches."""
+    return {name: sources for name, sources in folded_sources(graph).items() if constant_sources(sources)}
 
 
 def constant_sources(sources: list[str]) -> bool:

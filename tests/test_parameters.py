@@ -308,6 +308,22 @@ def test_a_factory_value_merged_across_layers_is_a_setting():
     assert_default_set_is_the_parameters(Gated(), torch.randn(2, 3, 6))
 
 
+def test_a_value_folded_from_what_forward_makes_is_a_setting():
+    """PatchTST's scaler divides by the count of observed values, clamp_min(ones_like(x).sum(1), 1): the dynamo
+    exporter folds it into a tensor named clamp_min, recording that it comes from ones_like and x alone."""
+    torch = pytest.importorskip("torch")
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(6, 3)
+
+        def forward(self, x):  # [batch, steps, 6]
+            return self.head(x.sum(1) / torch.ones_like(x).sum(1).clamp_min(1.0))
+
+    assert_default_set_is_the_parameters(Scaled(), torch.randn(2, 5, 6))
+
+
 @pytest.mark.parametrize("fill, trained", [("%zeros_like", ["M"]), ("%p_zeros_like", ["zeros_like", "M"])])
 def test_the_value_of_a_factory_call_is_a_setting(fill, trained):
     """torch.zeros_like(mask) made into a float mask by masked_fill (nn.MultiheadAttention's key_padding_mask):
