@@ -568,10 +568,17 @@ def constant_sources(sources: list[str]) -> bool:
 def computed_weights(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:
     """Chosen initializers that a recorded linear or convolution call reads where its weight argument is a value
     computed in the source model (not a parameter's placeholder p_<name>), or that a recorded call reads as the
-    folded result of a call other than STEP_PRESERVING_CALLS: a parametrization the exporter folded."""
+    folded result of a call other than STEP_PRESERVING_CALLS: a parametrization the exporter folded. The
+    exporter's record of what it folded an initializer from (FOLDED_FROM) adds those folded through one of the
+    PARAMETRIZING_CALLS (Mamba's A = -exp(A_log), unsqueezed: a folded `unsqueeze`) and clears a weight folded
+    through views alone (Mamba's conv1d weight.squeeze(1).unsqueeze(1): the parameter itself)."""
+    calls = {name: folded_calls(sources, graph) for name, sources in folded_sources(graph).items()}
     found = {name: f"{name} (the result of {made_by}, read by {reader})"
              for name, (made_by, reader) in folded_results(graph).items()
              if name in chosen and made_by not in STEP_PRESERVING_CALLS}
+    found |= {name: f"{name} (folded from {', '.join(sorted(computed & PARAMETRIZING_CALLS))})"
+              for name, computed in calls.items() if name in chosen and name not in found
+              and computed & PARAMETRIZING_CALLS}
     for node in graph.node:
         record = record_of(node)
         names, position = record.arguments, WEIGHT_ARGUMENTS.get(record.call)
@@ -582,9 +589,27 @@ def computed_weights(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:
             continue
         parameters = {re.sub(r"\W", "_", n[3:]) for n in names if n.startswith("%p_")}
         for name in node.input:
-            if name in chosen and re.sub(r"\W", "_", name) not in parameters:
+            views_of_a_parameter = name in calls and not calls[name]
+            if name in chosen and re.sub(r"\W", "_", name) not in parameters and not views_of_a_parameter:
                 found.setdefault(name, f"{name} (the weight {weight} of {record.call})")
     return list(found.values())
+
+
+ONNX_VALUE = re.compile(r"val_\d+")  # the exporter's names of ONNX values (a Reshape's shape), not calls
+# Calls whose result is a non-linear function of each element: a value folded from a parameter through one is a
+# parametrization, whatever views follow (the sources also name the calls that made indices: arange, gather)
+PARAMETRIZING_CALLS = {"exp", "log", "sigmoid", "softplus", "tanh", "sqrt", "rsqrt", "reciprocal", "pow"}
+
+
+def folded_calls(sources: list[str], graph: onnx.GraphProto) -> set[str]:
+    """The calls other than STEP_PRESERVING_CALLS among folded `sources`: the FX results there are named after
+    their calls (exp_2); state names (dotted), lifted constants, factory values, ONNX values and graph inputs are
+    no calls of a parameter. A root module's parameter has no dot: it is taken for a call (a view of it, for a
+    computed weight)."""
+    inputs = {i.name for i in graph.input}
+    return {call for s in sources if "." not in s and not ONNX_VALUE.fullmatch(s) and s not in inputs
+            and not LIFTED_CONSTANT.fullmatch(s) and not FACTORY_VALUE.fullmatch(s)
+            and (call := re.sub(r"_\d+$", "", s)) not in STEP_PRESERVING_CALLS}
 
 
 def folded_batchnorm(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:

@@ -412,6 +412,47 @@ def test_a_folded_parametrization_is_warned_about(weight, warned):
         assert select_trainable(model, None) == ["val_3", "linear.bias"]
 
 
+def selective_scan(decay: bool):
+    """Mamba's parameters as its slow path reads them: a depthwise causal conv whose weight is stored [C, 1, K]
+    and read as weight.squeeze(1).unsqueeze(1), and (`decay`) the decay A = -exp(A_log) unsqueezed."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+
+    class SelectiveScan(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv1d(6, 6, 3, groups=6, padding=2)
+            self.a_log = torch.nn.Parameter(torch.log(torch.arange(1.0, 7.0))) if decay else None
+            self.head = torch.nn.Linear(6, 3)
+
+        def forward(self, x):  # [batch, 6, steps]
+            weight = self.conv.weight.squeeze(1).unsqueeze(1)
+            h = torch.nn.functional.conv1d(x, weight, self.conv.bias, padding=2, groups=6)[..., :x.shape[-1]]
+            if self.a_log is not None:
+                h = h * (-torch.exp(self.a_log)).unsqueeze(-1)
+            return self.head(h.mean(-1))
+
+    return SelectiveScan(), torch.randn(2, 6, 8)
+
+
+def test_a_view_of_a_parameter_read_as_a_weight_is_no_parametrization():
+    """The dynamo exporter folds Mamba's conv weight.squeeze(1).unsqueeze(1) into an initializer `unsqueeze`,
+    recorded as folded from the weight by views alone: it trains as the weight does, no warning."""
+    assert_default_set_is_the_parameters(*selective_scan(decay=False))
+
+
+def test_a_parameter_function_folded_under_a_view_is_warned_about():
+    """-exp(A_log).unsqueeze(-1), folded into an initializer named after its last call, unsqueeze: the
+    exporter's record of what it folded it from names exp, so training it is not training A_log."""
+    import torch
+
+    module, x = selective_scan(decay=True)
+    model = torch.onnx.export(module.eval(), (x,), dynamo=True).model_proto
+    with pytest.warns(onnxtrain.ParameterizationWarning, match=r"unsqueeze\w* \(folded from .*exp") as record:
+        select_trainable(model, None)
+    assert not any("conv1d" in str(w.message) for w in record), [str(w.message) for w in record]
+
+
 @pytest.mark.parametrize("value, warned", [("%sigmoid", True), ("%p_sigmoid", False)])
 def test_a_folded_function_of_a_parameter_is_warned_about(value, warned):
     """torch.sigmoid(self.decay), folded by the dynamo exporter into an initializer named after the call's result,
