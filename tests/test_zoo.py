@@ -89,6 +89,9 @@ WARNED: dict[tuple[str, str], str] = {
     # the class embedding broadcast to [2, 1, 16]; logit_scale.exp() folded into a 0-d exp
     ("clip", "dynamo"): r"expand \(along axis 0\): equal slices|exp \(the result of exp",
     ("scans", "dynamo"): r"sigmoid \(the result of sigmoid",  # sigmoid(decay) folded: decay cannot train
+    # the head untied from the embedding; A = -exp(A_log) folded (an `unsqueeze` folded from exp)
+    ("mamba", "dynamo"): rf"{UNTIED}|computes from its parameters",
+    ("mamba", "torchscript"): UNTIED,
 }
 
 # model -> the ParameterizationWarning of the recipe: Gemma's and BART's tied embeddings have a padding row that

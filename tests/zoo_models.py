@@ -510,6 +510,30 @@ def bloom() -> nn.Module:
                         bos_token_id=0, eos_token_id=0, attn_implementation="eager")
 
 
+def qwen2_moe() -> nn.Module:
+    """A sparse mixture of experts: router softmax and top-2 of 4 experts, a Gather of the 3-D expert weights by
+    the routed ids (its gradient a scatter-add into the experts), batched products, a shared expert behind a
+    sigmoid gate. experts_implementation="batched_mm": transformers' default grouped_mm has no ONNX function in the
+    dynamo exporter, and "eager" loops over the experts hit (a guard torch.export cannot make; TorchScript traces
+    a NonZero of run-time size)."""
+    return hugging_face("Qwen2MoeConfig", "Qwen2MoeForCausalLM", IDS_MASK, **DECODER, num_key_value_heads=2,
+                        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                        shared_expert_intermediate_size=32, decoder_sparse_step=1, norm_topk_prob=False,
+                        output_router_logits=False, mlp_only_layers=[], experts_implementation="batched_mm")
+
+
+def mamba() -> nn.Module:
+    """Mamba's slow path (no fused kernels): a depthwise causal Conv1d read as weight.squeeze(1).unsqueeze(1),
+    softplus'd time steps, A = -exp(A_log), the selective scan unrolled over the sequence from a torch.zeros state
+    per layer (one initializer for both layers in the dynamo export), RMSNorm, the head tied to the embedding.
+    Time steps in [0.3, 0.9]: from the default [0.001, 0.1] the dt_proj biases move less than a float32 ulp in
+    five steps, which test_zoo cannot tell from a constant."""
+    return hugging_face("MambaConfig", "MambaForCausalLM", ("input_ids",), vocab_size=VOCAB, hidden_size=16,
+                        state_size=4, num_hidden_layers=2, expand=2, conv_kernel=4, time_step_rank=4,
+                        time_step_min=0.3, time_step_max=0.9, use_cache=False, use_mambapy=False, pad_token_id=0,
+                        bos_token_id=0, eos_token_id=0)
+
+
 def clip() -> nn.Module:
     """A text and a vision tower in one graph: the text pooled at argmax(input_ids), both L2-normalized, logits
     exp(logit_scale) * text @ image.T (the dynamo exporter folds the exp)."""
@@ -607,6 +631,8 @@ ZOO: dict[str, ZooModel] = {
     "scatter": ZooModel(lambda: perturbed(Scatter()), normal(SEQ, 12), "mse", regression),
     "norms": ZooModel(lambda: perturbed(Norms()), normal(SEQ, 12), "mse", regression),
     "script_loop": ZooModel(scripted_loop, normal(16), "mse", regression),
+    "qwen2_moe": ZooModel(qwen2_moe, lambda rng: (tokens(rng), mask()), "mse", regression),
+    "mamba": ZooModel(mamba, lambda rng: (tokens(rng),), "mse", regression),
 }
 
 # GPT-2 trained as a language model; untied embeddings keep the tied-weight question (see ZOO's gpt2) out
