@@ -222,7 +222,8 @@ def parser() -> argparse.ArgumentParser:
     author.add_argument("--prediction", help="the output the loss compares with the target (default: the first)")
     author.add_argument("--class-axis", type=int, help="cross_entropy: the scores' class axis (default 1; -1 for "
                         "[batch, seq, vocab] logits)")
-    author.add_argument("--ignore-index", type=int, help="cross_entropy: the label to ignore (default: -100, as PyTorch)")
+    author.add_argument("--ignore-index", type=int,
+                        help="cross_entropy: the label to ignore (default: -100, as PyTorch)")
     author.add_argument("--label-smoothing", type=float, default=0.0, help="cross_entropy: torch's label_smoothing")
     author.add_argument("--alpha", type=float)
     author.add_argument("--beta", type=float)
