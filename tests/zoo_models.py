@@ -51,7 +51,9 @@ def perturbed(module: nn.Module, seed: int = 0) -> nn.Module:
             if p.requires_grad:
                 p.add_(0.02 * torch.randn(p.shape, generator=generator))
         for m in module.modules():
-            if isinstance(m, nn.BatchNorm2d):
+            # every BatchNorm (1d, 2d, 3d) that keeps running statistics: fresh ones (0 and 1) would be merged by
+            # exporters into one initializer per value, and their use would not show
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is not None:
                 m.running_mean.uniform_(-0.5, 0.5, generator=generator)
                 m.running_var.uniform_(0.5, 2.0, generator=generator)
     return module.eval()
