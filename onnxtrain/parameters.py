@@ -405,8 +405,14 @@ def merged_value(name: str, values: set[str]) -> str:
     parameter merged into it is recorded as its placeholder (%p_<name>), not as such a value. "" where none."""
     if not FACTORY_VALUE.fullmatch(name):
         return ""
-    call = re.sub(r"_\d+$", "", name)
-    return next((v for v in sorted(values) if FACTORY_VALUE.fullmatch(v) and re.sub(r"_\d+$", "", v) == call), "")
+    call = call_named(name)
+    return next((v for v in sorted(values) if FACTORY_VALUE.fullmatch(v) and call_named(v) == call), "")
+
+
+def call_named(value: str) -> str:
+    """The call a value of torch.export's graph is named after: its result's name less the index that tells
+    repeated calls apart (%zeros_1, %exp_2, %embedding_1)."""
+    return re.sub(r"_\d+$", "", value)
 
 
 # The export flags that keep an eval-mode BatchNorm a node of its own (train_mode needs it, the warning says it).
@@ -532,7 +538,7 @@ def folded_results(graph: onnx.GraphProto) -> dict[str, tuple[str, str]]:
         for name in node.input:
             if (record.call and name in record.values and not FACTORY_VALUE.fullmatch(name)
                     and name not in made):
-                found.setdefault(name, (re.sub(r"_\d+$", "", name), record.call))
+                found.setdefault(name, (call_named(name), record.call))
     return found
 
 
@@ -609,7 +615,7 @@ def folded_calls(sources: list[str], graph: onnx.GraphProto) -> set[str]:
     inputs = {i.name for i in graph.input}
     return {call for s in sources if "." not in s and not ONNX_VALUE.fullmatch(s) and s not in inputs
             and not LIFTED_CONSTANT.fullmatch(s) and not FACTORY_VALUE.fullmatch(s)
-            and (call := re.sub(r"_\d+$", "", s)) not in STEP_PRESERVING_CALLS}
+            and (call := call_named(s)) not in STEP_PRESERVING_CALLS}
 
 
 def folded_batchnorm(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:
