@@ -6,11 +6,14 @@ them (the walker, the engine, the state bindings) may import it without making a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 import onnx
+
+# the prefix of onnxtrain's own metadata_props keys (a Node keeps those of its node's)
+METADATA_PREFIX = "onnxtrain."
 
 if TYPE_CHECKING:  # annotation only: the registry's package imports every op, which import this module
     from .lower.registry import OpImpl
@@ -39,6 +42,9 @@ class Node:
     since_version: int | None  # of the schema the opset selects; None for a model-local function
     impl: OpImpl | None  # a registered lowering, or None when `function` is set or the schema has a body
     function: onnx.FunctionProto | None = None  # a model-local function this node calls
+    # its metadata_props under onnxtrain's own keys (METADATA_PREFIX): records make_trainable leaves for a lowering
+    # (optional metadata, which other runtimes ignore; lower/ops/normalization.py reads one)
+    metadata: dict[str, str] = field(default_factory=dict)
 
     @property
     def label(self) -> str:

@@ -17,7 +17,6 @@ the batch mean and biased variance) and writes the update as plain ops.
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import TYPE_CHECKING
 
@@ -26,6 +25,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .errors import OnnxTrainError
+from .lower.ops.normalization import MIN_VALUES_PER_CHANNEL
 from .parameters import KEEP_BATCH_NORM
 
 if TYPE_CHECKING:
@@ -145,28 +145,6 @@ def batch_statistics(graph: onnx.GraphProto, node: onnx.NodeProto) -> bool:
     return all(any(inputs & reads(n) for n in ancestors(graph, [name])) for name in node.input[3:5])
 
 
-def check_values_per_channel(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> None:
-    """Refuses a BatchNormalization whose input has one value per channel (a batch of one [1, C] or [1, C, 1, 1]):
-    its batch variance is 0 and the unbiased one the running variance averages is 0 / 0, which made the running
-    variance NaN; PyTorch's train() refuses it too. Checked where the model fixes the input's shape, as an export
-    does unless given dynamic_shapes."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model).graph
-    except (onnx.shape_inference.InferenceError, ValueError):  # a model over 2 GB: its shapes go unchecked
-        return
-    shapes = {v.name: v.type.tensor_type.shape for v in list(inferred.value_info) + list(inferred.input)}
-    for node in nodes:
-        shape = shapes.get(node.input[0])
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in shape.dim] if shape is not None else []
-        if len(dims) >= 2 and None not in dims and math.prod(dims) == dims[1]:
-            raise OnnxTrainError(
-                f"train_mode: BatchNormalization {node.name or node.output[0]!r} normalizes a {dims} input, one "
-                "value per channel, whose batch variance is 0 and whose unbiased variance (what the running variance "
-                "averages) is undefined; PyTorch's train() refuses it too ('Expected more than 1 value per channel "
-                "when training'): export with a larger batch, or with dynamic_shapes and train on batches of 2 or more"
-            )
-
-
 def running_statistic(graph: onnx.GraphProto, node: onnx.NodeProto, index: int) -> onnx.TensorProto:
     """Input `index` (3: mean, 4: variance) of a BatchNormalization: an initializer no other node updates."""
     name, what = node.input[index], ("running mean", "running variance")[index - 3]
@@ -238,8 +216,6 @@ def add_training_forward(b: Builder, model: onnx.ModelProto, prediction: str, lo
     names = {n: PREFIX + n for n in produced(nodes)}
     trained = [n for n in nodes if n.domain in ONNX_DOMAINS and n.op_type == "BatchNormalization"
                and not batch_statistics(graph, n)]  # those with running statistics (track_running_stats)
-    if trained:
-        check_values_per_channel(model, trained)
     outputs = {n.output[0] for n in trained}
     for node in nodes:
         copy = renamed(node, names)
@@ -284,6 +260,8 @@ def add_batch_statistics(b: Builder, graph: onnx.GraphProto, original: onnx.Node
     batch_mean, batch_var = f"{y}.batch_mean", f"{y}.batch_var"
     set_attribute(copy, "training_mode", 1)
     set_attribute(copy, "momentum", 0.0)  # the "running" outputs are then exactly the batch's statistics
+    # n / (n - 1) below is undefined for n = 1: the engine refuses such a step (optional metadata for the trace)
+    copy.metadata_props.add(key=MIN_VALUES_PER_CHANNEL, value="2")
     copy.output[:] = [y, batch_mean, batch_var]
     b.nodes.append(copy)
     dtype = numpy_helper.to_array(mean).dtype

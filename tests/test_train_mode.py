@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import onnxtrain
-from onnxtrain.errors import OnnxTrainError
+from onnxtrain.errors import FeedError, OnnxTrainError
 
 BATCH, CLASSES = 8, 5
 
@@ -244,17 +244,74 @@ def test_train_mode_export_without_train_mode_is_warned():
         onnxtrain.make_trainable(export(without_running_statistics(), "torchscript-eval"), loss="cross_entropy")
 
 
-def test_one_value_per_channel_is_refused():
-    """A batch of one [1, C] into BatchNorm1d: the running variance became NaN (0 / 0); PyTorch raises too."""
-    m = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6), torch.nn.Linear(6, CLASSES)).train()
+def batch_norm_1d() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6), torch.nn.Linear(6, CLASSES))
+    with torch.no_grad():
+        m[1].running_mean.uniform_(-0.5, 0.5)
+        m[1].running_var.uniform_(0.5, 2.0)
+    return m.eval()
+
+
+def rows(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, 4)).astype(np.float32), rng.integers(0, CLASSES, n).astype(np.int64)
+
+
+def exported_rows(m: torch.nn.Module, batch: int, **flags) -> onnx.ModelProto:
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m.eval(), (torch.zeros(batch, 4),), f, input_names=["x"], output_names=["logits"],
+                          opset_version=18, **flags)
+    return onnx.load_from_string(f.getvalue())
+
+
+@pytest.mark.parametrize("flags", [
+    dict(dynamo=False, do_constant_folding=False, dynamic_axes={"x": {0: "batch"}}),
+    dict(dynamo=True, optimize=False, dynamic_shapes=({0: torch.export.Dim("batch")},))], ids=["torchscript", "dynamo"])
+def test_one_value_per_channel_is_refused_at_the_step(flags):
+    """A batch of one into BatchNorm1d ([1, C]) under a dynamic batch: the running variance's n / (n - 1) was 1 / 0,
+    which made it NaN for good. PyTorch raises; so does the train step (in its trace), before it changes any state,
+    and the batches of 2 after it train as PyTorch's."""
+    m = batch_norm_1d()
+    x1, y1 = rows(1, 0)
     with pytest.raises(ValueError, match="more than 1 value per channel"):
-        m(torch.zeros(1, 4))
+        m.train()(torch.from_numpy(x1))
+    engine = onnxtrain.load(onnxtrain.make_trainable(exported_rows(m, 2, **flags), loss="cross_entropy",
+                                                     optimizer="sgd", learning_rate=0.1, train_mode=True))
+    before = {name: np.array(value) for name, value in engine.state.items()}
+    with pytest.raises(FeedError, match=r"\[1, 6\] input, 1 value\(s\) per channel.*drop_last"):
+        engine.train_step({"x": x1, "target": y1})
+    for name, value in engine.state.items():
+        np.testing.assert_array_equal(np.asarray(value), before[name], err_msg=name)
+    batches = [rows(2, seed) for seed in (1, 2, 3)]
+    losses = [float(engine.train_step({"x": x, "target": y})["loss"]) for x, y in batches]
+    np.testing.assert_allclose(losses, torch_training(m, batches, "sgd", 0.1), rtol=1e-4)
+    for name in ("1.running_mean", "1.running_var"):
+        np.testing.assert_allclose(np.asarray(engine.state[name]), m.state_dict()[name].numpy(), rtol=1e-4, atol=1e-6)
 
-    def exported(batch: int) -> onnx.ModelProto:
-        f = io.BytesIO()
-        torch.onnx.export(m.eval(), (torch.zeros(batch, 4),), f, dynamo=False, opset_version=18)
-        return onnx.load_from_string(f.getvalue())
 
-    with pytest.raises(OnnxTrainError, match="one value per channel"):
-        onnxtrain.make_trainable(exported(1), loss="cross_entropy", train_mode=True)
-    onnxtrain.make_trainable(exported(2), loss="cross_entropy", train_mode=True)
+def test_fixed_batch_of_one_is_refused_at_the_step_and_plain_onnx_is_not():
+    """An export that fixes a batch of one is refused at its first train step (make_trainable had run shape
+    inference over the whole model to refuse it). ONNX's own BatchNormalization(training_mode=1) takes one value
+    per channel: only train_mode's record refuses it."""
+    engine = onnxtrain.load(onnxtrain.make_trainable(exported_rows(batch_norm_1d(), 1, dynamo=False),
+                                                     loss="cross_entropy", train_mode=True))
+    with pytest.raises(FeedError, match="per channel"):
+        engine.train_step(dict(zip(["x", "target"], rows(1, 0))))
+    h = onnx.helper
+    node = h.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"],
+                       ["y", "running_mean", "running_var"], training_mode=1, momentum=0.75)
+    stats = [np.array([0.5, 2.0], np.float32), np.array([1.0, -1.0], np.float32),
+             np.array([0.2, 0.3], np.float32), np.array([1.5, 0.5], np.float32)]
+    shapes = {"x": [1, 2], "y": [1, 2], "running_mean": [2], "running_var": [2]}
+    value = {n: h.make_tensor_value_info(n, onnx.TensorProto.FLOAT, d) for n, d in shapes.items()}
+    graph = h.make_graph([node], "bn", [value["x"]], [value[n] for n in node.output],
+                         [onnx.numpy_helper.from_array(v, n) for n, v in zip(node.input[1:], stats)])
+    x = np.array([[3.0, -4.0]], np.float32)
+    outputs = onnxtrain.load(h.make_model(graph, opset_imports=[h.make_opsetid("", 15)])).infer({"x": x})
+    scale, bias, mean, var = stats  # the spec's: batch variance 0, running statistics averaged with momentum
+    np.testing.assert_allclose(np.asarray(outputs["y"]), bias[None], atol=1e-6)
+    np.testing.assert_allclose(np.asarray(outputs["running_mean"]), 0.75 * mean + 0.25 * x[0], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(outputs["running_var"]), 0.75 * var, rtol=1e-6)

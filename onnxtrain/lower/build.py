@@ -21,7 +21,7 @@ from .. import tensor_data
 from ..big_models import PROTOBUF_LIMIT
 from ..errors import ModelLoadError, UnsupportedOpError
 from ..external_data import ExternalValues
-from ..ir import Graph, Node, ValueInfo
+from ..ir import METADATA_PREFIX, Graph, Node, ValueInfo
 from ..tensor_data import decode_utf8, holds_no_data, known_type, tensor_value, zeros_of
 from ..well_formed import check_well_formed
 from .registry import canonical_domain, lookup, schema_for
@@ -213,6 +213,7 @@ def build_node(
         since_version=since_version,
         impl=impl,
         function=function,
+        metadata={p.key: p.value for p in proto.metadata_props if p.key.startswith(METADATA_PREFIX)},
     )
 
 

@@ -6,6 +6,7 @@ Statistics of half-precision inputs are computed in float32 (the spec asks for i
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import jax
@@ -13,6 +14,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from ...dtypes import np_dtype
+from ...errors import FeedError
+from ...ir import Node
 from ..axes import normalize_axis
 from ..layout import CHANNELS_LAST, ChannelsLast, channels_last
 from ..registry import op, versions
@@ -117,10 +120,32 @@ def batch_norm_train(x, scale, bias, mean, var, epsilon: float, momentum: float,
     )
 
 
+# make_trainable(train_mode=True) records on its training copy of a BatchNormalization that the copy needs 2 values
+# per channel or more: the running variance averages PyTorch's unbiased batch variance, times n / (n - 1), which a
+# batch of one into BatchNorm1d ([1, C]) or onto a 1x1 map makes 0 / 0, the running variance NaN for good. ONNX's
+# op itself takes one value per channel: only the record refuses it, in the trace, where the input's shape is known
+# (a dynamic batch's too), so the refused step runs nothing and changes no state.
+MIN_VALUES_PER_CHANNEL = "onnxtrain.min_values_per_channel"
+
+
+def check_values_per_channel(node: Node, shape: tuple[int, ...], channels: int) -> None:
+    needed, count = int(node.metadata.get(MIN_VALUES_PER_CHANNEL, 0)), math.prod(shape) // max(channels, 1)
+    if count < needed:
+        raise FeedError(
+            f"BatchNormalization {node.name or node.outputs[0]!r} of the train step gets a {list(shape)} input, "
+            f"{count} value(s) per channel: train_mode averages the unbiased batch variance (times n / "
+            "(n - 1)) into the running variance, which one value per channel leaves undefined; PyTorch's train() "
+            "refuses it too ('Expected more than 1 value per channel when training'). Train on batches of 2 or more "
+            "(a loader's last batch of one: drop it, as DataLoader(drop_last=True) does); the step was refused "
+            "before it changed any state"
+        )
+
+
 @op("BatchNormalization", *versions("BatchNormalization", since=14), layout=CHANNELS_LAST)
-def batch_normalization(x, scale, bias, input_mean, input_var, *, epsilon, momentum, training_mode):
+def batch_normalization(x, scale, bias, input_mean, input_var, *, epsilon, momentum, training_mode, ctx):
     data = channels_last(x)
     if training_mode:
+        check_values_per_channel(ctx.node, x.shape, scale.shape[0])
         y, running_mean, running_var = batch_norm_train(data, scale, bias, input_mean, input_var, epsilon, momentum)[:3]
         return ChannelsLast(y), running_mean, running_var
     return ChannelsLast(batch_norm_apply(data, scale, bias, input_mean, input_var, epsilon))
