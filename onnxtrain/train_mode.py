@@ -134,12 +134,13 @@ def batch_norms(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     return [n for n in graph.node if n.op_type == "BatchNormalization" and n.domain in ONNX_DOMAINS]
 
 
-def batch_statistics(graph: onnx.GraphProto, node: onnx.NodeProto) -> bool:
+def batch_statistics(graph: onnx.GraphProto, node: onnx.NodeProto, initializers: set[str]) -> bool:
     """Whether a BatchNormalization's mean and variance inputs are computed from the graph's inputs: PyTorch's
     `track_running_stats=False`, which both exporters write as ReduceMean nodes over the batch. Such a node
     normalizes with the batch's statistics in train and eval mode alike and has no running statistics to update,
-    so the training copy keeps it as it is."""
-    if any(t.name in node.input[3:5] for t in graph.initializer):  # the usual case, without walking the graph
+    so the training copy keeps it as it is. `initializers`: the graph's initializer names, collected once for all
+    its nodes (a scan of them per node cost BatchNormalizations x initializers)."""
+    if initializers & set(node.input[3:5]):  # the usual case, without walking the graph
         return False
     inputs = {i.name for i in graph.input}
     return all(any(inputs & reads(n) for n in ancestors(graph, [name])) for name in node.input[3:5])
@@ -183,8 +184,9 @@ def to_eval_mode(graph: onnx.GraphProto) -> None:
 def warn_of_train_mode_nodes(graph: onnx.GraphProto) -> None:
     """Without train_mode, a train-mode export (TrainingMode.TRAINING) trains and infers on batch statistics and
     never updates the running ones: neither PyTorch's train() nor its eval(). Warned, naming the option."""
+    initializers = {t.name for t in graph.initializer}
     nodes = [n.name or n.output[0] for n in batch_norms(graph)
-             if attribute(n, "training_mode", 0) and not batch_statistics(graph, n)]
+             if attribute(n, "training_mode", 0) and not batch_statistics(graph, n, initializers)]
     if nodes:
         warnings.warn(f"BatchNormalization {nodes[:3]}{' ...' if len(nodes) > 3 else ''} normalize with the batch's "
                       "statistics (training_mode=1: a torch.onnx.TrainingMode.TRAINING export), in train steps and "
@@ -214,8 +216,9 @@ def add_training_forward(b: Builder, model: onnx.ModelProto, prediction: str, lo
     loss_output = loss.partition(":")[2] if loss.startswith("output:") else None
     nodes = ancestors(graph, [prediction] + ([loss_output] if loss_output else []))
     names = {n: PREFIX + n for n in produced(nodes)}
+    initializers = {t.name for t in graph.initializer}
     trained = [n for n in nodes if n.domain in ONNX_DOMAINS and n.op_type == "BatchNormalization"
-               and not batch_statistics(graph, n)]  # those with running statistics (track_running_stats)
+               and not batch_statistics(graph, n, initializers)]  # those with running statistics
     outputs = {n.output[0] for n in trained}
     for node in nodes:
         copy = renamed(node, names)
