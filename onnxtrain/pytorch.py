@@ -7,10 +7,13 @@ import re
 import warnings
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from .authoring import make_trainable
 from .errors import AuthoringError
+from .train_mode import NUM_BATCHES_TRACKED
 
 
 def from_torch(module: Any, example_inputs: Sequence[Any], *, kwargs: Mapping[str, Any] | None = None,
@@ -25,7 +28,8 @@ def from_torch(module: Any, example_inputs: Sequence[Any], *, kwargs: Mapping[st
     `labels=`), as torch.onnx.export's. Without `output_names`, the outputs of a forward that returns a dict or a
     ModelOutput are named after its keys (`loss`, `logits`: `prediction="logits"`, `loss="output:loss"`), where the
     exporter names them after the op that made them (`linear_7`). `options` go to make_trainable (loss,
-    optimizer, ...)."""
+    optimizer, ...); with train_mode=True, a BatchNorm with momentum=None trains its cumulative average
+    (record_cumulative_averages), which no export holds."""
     import torch
 
     if "trainable" in options:
@@ -43,6 +47,8 @@ def from_torch(module: Any, example_inputs: Sequence[Any], *, kwargs: Mapping[st
         name_outputs_by_key(program)
     model = program.model_proto
     warn_fixed_dimensions(dynamic_shapes, model)
+    if options.get("train_mode"):
+        record_cumulative_averages(module, model)
     initializers = {t.name for t in model.graph.initializer}
     names_of: dict[int, list[str]] = {}
     required: dict[int, bool] = {}
@@ -52,6 +58,26 @@ def from_torch(module: Any, example_inputs: Sequence[Any], *, kwargs: Mapping[st
     trainable = [next(n for n in names if n in initializers) for key, names in names_of.items()
                  if required[key] and any(n in initializers for n in names)]
     return make_trainable(model, trainable=trainable, **options)
+
+
+def record_cumulative_averages(module: Any, model: onnx.ModelProto) -> None:
+    """For each BatchNorm with momentum=None (PyTorch's cumulative average over the batches seen, factor
+    1 / num_batches_tracked), which no export holds (an eval-mode export writes momentum 1, as for momentum=0, and
+    train_mode would leave its running statistics as they are): its num_batches_tracked as an initializer of that
+    name, and on its BatchNormalization the record train_mode trains the average from (NUM_BATCHES_TRACKED),
+    optional metadata that leaves the model standard ONNX."""
+    import torch
+
+    nodes = {n.input[3]: n for n in model.graph.node if n.op_type == "BatchNormalization" and len(n.input) > 3}
+    initializers = {t.name for t in model.graph.initializer}
+    for name, bn in module.named_modules():
+        prefix = f"{name}." if name else ""
+        node, counter = nodes.get(f"{prefix}running_mean"), f"{prefix}num_batches_tracked"
+        if (isinstance(bn, torch.nn.modules.batchnorm._BatchNorm) and bn.momentum is None and bn.track_running_stats
+                and node is not None and counter not in initializers):
+            count = np.asarray(bn.num_batches_tracked.detach().cpu().numpy(), np.int64)
+            model.graph.initializer.append(numpy_helper.from_array(count, counter))
+            node.metadata_props.add(key=NUM_BATCHES_TRACKED, value=counter)
 
 
 def warn_fixed_dimensions(dynamic_shapes: Any, model: onnx.ModelProto) -> None:

@@ -26,12 +26,16 @@ from onnx import helper, numpy_helper
 
 from .errors import OnnxTrainError
 from .lower.ops.normalization import MIN_VALUES_PER_CHANNEL
-from .parameters import KEEP_BATCH_NORM
+from .parameters import KEEP_BATCH_NORM, metadata
 
 if TYPE_CHECKING:
     from .authoring import Builder
 
 PREFIX = "train/"
+# from_torch's record on the BatchNormalization of a module with momentum=None (PyTorch's cumulative average over
+# the batches seen, which no export holds: an eval-mode one writes momentum 1, as for momentum=0): the name of the
+# initializer it adds holding the module's num_batches_tracked. Optional metadata, read by add_batch_statistics.
+NUM_BATCHES_TRACKED = "onnxtrain.num_batches_tracked"
 ONNX_DOMAINS = ("", "ai.onnx")
 
 
@@ -252,13 +256,6 @@ def dropping(b: Builder, node: onnx.NodeProto) -> onnx.NodeProto:
 def add_batch_statistics(b: Builder, graph: onnx.GraphProto, original: onnx.NodeProto, copy: onnx.NodeProto) -> None:
     """`copy` normalizing with the batch's statistics, and PyTorch's update of the running ones as state."""
     mean, var = running_statistic(graph, original, 3), running_statistic(graph, original, 4)
-    momentum = float(attribute(original, "momentum", 0.9))
-    if momentum == 1:
-        warnings.warn(f"train_mode: BatchNormalization {original.name or original.output[0]!r} has momentum 1 "
-                      "(PyTorch's momentum=0, or momentum=None), so training leaves its running statistics as they "
-                      "are, as PyTorch's momentum=0 does. PyTorch's momentum=None (a cumulative average over the "
-                      "batches seen) is in no export: set the module's momentum to a number before exporting",
-                      stacklevel=4)
     y = copy.output[0]
     batch_mean, batch_var = f"{y}.batch_mean", f"{y}.batch_var"
     set_attribute(copy, "training_mode", 1)
@@ -267,11 +264,8 @@ def add_batch_statistics(b: Builder, graph: onnx.GraphProto, original: onnx.Node
     copy.metadata_props.add(key=MIN_VALUES_PER_CHANNEL, value="2")
     copy.output[:] = [y, batch_mean, batch_var]
     b.nodes.append(copy)
-    dtype = numpy_helper.to_array(mean).dtype
-    keep, take = f"{y}.keep", f"{y}.take"
-    b.initializers += [numpy_helper.from_array(np.asarray(momentum, dtype), keep),
-                       numpy_helper.from_array(np.asarray(1 - momentum, dtype), take),
-                       numpy_helper.from_array(np.asarray(1, dtype), f"{y}.one")]
+    b.initializers.append(numpy_helper.from_array(np.asarray(1, numpy_helper.to_array(mean).dtype), f"{y}.one"))
+    keep, take = averaging_weights(b, graph, original, y, mean.data_type)
     # n / (n - 1), n the values per channel: the unbiased variance PyTorch's running_var averages
     b.node("Size", [copy.input[0]], [f"{y}.size"])
     b.node("Size", [copy.input[1]], [f"{y}.channels"])
@@ -285,3 +279,38 @@ def add_batch_statistics(b: Builder, graph: onnx.GraphProto, original: onnx.Node
         b.node("Mul", [batch, take], [f"{stat.name}.taken"])
         b.node("Add", [f"{stat.name}.kept", f"{stat.name}.taken"], [f"{stat.name}.next"])
         b.update(stat.name, f"{stat.name}.next", helper.make_tensor_type_proto(stat.data_type, list(stat.dims)))
+
+
+def averaging_weights(b: Builder, graph: onnx.GraphProto, original: onnx.NodeProto, y: str,
+                      elem: int) -> tuple[str, str]:
+    """The names of the weights of the running statistic and of the batch's in the update. PyTorch's momentum t
+    (ONNX's 1 - t): 1 - t and t, constants. momentum=None, where from_torch recorded the module's count
+    (NUM_BATCHES_TRACKED): its cumulative average, 1 - 1/k and 1/k at the k-th batch seen, with the count a state
+    variable each step advances, as PyTorch's num_batches_tracked."""
+    label = f"BatchNormalization {original.name or original.output[0]!r}"
+    keep, take = f"{y}.keep", f"{y}.take"
+    counter = metadata(original, NUM_BATCHES_TRACKED)
+    if counter:
+        count = next((t for t in graph.initializer if t.name == counter), None)
+        if count is None or count.dims:
+            raise OnnxTrainError(f"train_mode: {label} records its batch count as {counter!r}, which is no 0-d "
+                                 "initializer")
+        b.initializers.append(numpy_helper.from_array(np.asarray(1, numpy_helper.to_array(count).dtype),
+                                                      f"{counter}.one"))
+        b.node("Add", [counter, f"{counter}.one"], [f"{counter}.next"])
+        b.update(counter, f"{counter}.next", helper.make_tensor_type_proto(count.data_type, []))
+        b.node("Cast", [f"{counter}.next"], [f"{y}.batches"], to=elem)
+        b.node("Div", [f"{y}.one", f"{y}.batches"], [take])
+        b.node("Sub", [f"{y}.one", take], [keep])
+        return keep, take
+    momentum = float(attribute(original, "momentum", 0.9))
+    if momentum == 1:
+        warnings.warn(f"train_mode: {label} has momentum 1 (PyTorch's momentum=0, or momentum=None), so training "
+                      "leaves its running statistics as they are, as PyTorch's momentum=0 does. PyTorch's "
+                      "momentum=None (a cumulative average over the batches seen) is in no export: from_torch, "
+                      "which reads the module, trains it; else set the module's momentum to a number before "
+                      "exporting", stacklevel=5)
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    b.initializers += [numpy_helper.from_array(np.asarray(momentum, dtype), keep),
+                       numpy_helper.from_array(np.asarray(1 - momentum, dtype), take)]
+    return keep, take

@@ -315,3 +315,24 @@ def test_fixed_batch_of_one_is_refused_at_the_step_and_plain_onnx_is_not():
     np.testing.assert_allclose(np.asarray(outputs["y"]), bias[None], atol=1e-6)
     np.testing.assert_allclose(np.asarray(outputs["running_mean"]), 0.75 * mean + 0.25 * x[0], rtol=1e-6)
     np.testing.assert_allclose(np.asarray(outputs["running_var"]), 0.75 * var, rtol=1e-6)
+
+
+def test_momentum_none_trains_the_cumulative_average_through_from_torch():
+    """from_torch reads the module: a BatchNorm with momentum=None trains PyTorch's cumulative average (factor
+    1 / num_batches_tracked, the count a state variable the step advances), from the count the module has reached;
+    its running statistics had stayed as they were (warned, as make_trainable still warns without the module)."""
+    m = batch_norm_1d()
+    m[1].momentum = None
+    m[1].num_batches_tracked.fill_(3)
+    batches, lr = [rows(BATCH, seed) for seed in range(5)], 0.1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = onnxtrain.from_torch(m.eval(), (torch.zeros(BATCH, 4),), input_names=["x"], loss="cross_entropy",
+                                     optimizer="sgd", learning_rate=lr, train_mode=True)
+    assert not [w for w in caught if "momentum" in str(w.message)]
+    engine = onnxtrain.load(model)
+    losses = [float(engine.train_step({"x": x, "target": y})["loss"]) for x, y in batches]
+    np.testing.assert_allclose(losses, torch_training(m, batches, "sgd", lr), rtol=1e-4)
+    for name in ("1.running_mean", "1.running_var", "1.num_batches_tracked"):
+        np.testing.assert_allclose(np.asarray(engine.state[name]), m.state_dict()[name].numpy(), rtol=1e-4,
+                                   atol=1e-6, err_msg=name)
