@@ -46,7 +46,9 @@ ELEMENTWISE_OPS = {
 MASK_MAGNITUDE = 1e30  # attention masks fill with -inf or float32's lowest (-3.4e38); no weight gets near
 # Ops that apply a folded additive attention mask to attention scores
 MASK_OPS = {"Add", "Where"}
-FUSION_RULE = "FuseBatchNormIntoConv"  # onnxscript's rewriter rule, named in the metadata of the node it made
+# The nodes the dynamo optimizer folds an eval-mode BatchNorm into (a Linear's Gemm: Linear + BatchNorm1d), with
+# the onnxscript rewriter rule it names in the metadata of the node it made
+FUSION_RULES = {op: f"FuseBatchNormInto{op}" for op in ("Conv", "ConvTranspose", "Gemm")}
 
 
 class ParameterizationWarning(UserWarning):
@@ -419,7 +421,7 @@ def call_named(value: str) -> str:
 KEEP_BATCH_NORM = (
     "export with torch.onnx.export(..., dynamo=False, do_constant_folding=False) (or "
     "training=torch.onnx.TrainingMode.TRAINING), or with dynamo=True and optimize=False: the default exports fold "
-    "an eval-mode BatchNorm into the preceding Conv"
+    "an eval-mode BatchNorm into the preceding Conv (ConvTranspose, Linear)"
 )
 
 
@@ -501,9 +503,10 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> No
          "a weight the source model computes from its parameters (a parametrization: weight_norm's g * v / |v|, "
          "spectral_norm), which the exporter computed once and folded into a plain tensor; training it trains "
          f"that tensor, not the parameters. {keep} to keep them"),
-        (f"{', '.join(folded[:6])}{' ...' if len(folded) > 6 else ''} ({len(folded)} Conv weights)" if folded else "",
-         "BatchNorm folded into Conv by the exporter: the BatchNorm's scale and shift are gone and the fused "
-         "kernel W*gamma/sqrt(var+eps) and bias would train instead, another parameterisation. To keep "
+        (f"{', '.join(folded[:6])}{' ...' if len(folded) > 6 else ''} ({len(folded)} in all)" if folded else "",
+         "BatchNorm folded into Conv (ConvTranspose, Gemm) by the exporter: the BatchNorm's scale and shift are "
+         "gone and the fused kernel W*gamma/sqrt(var+eps) and bias would train instead, another parameterisation. "
+         "To keep "
          f"BatchNorm, {KEEP_BATCH_NORM}"),
     ]
     for names, why in kinds:
@@ -619,17 +622,18 @@ def folded_calls(sources: list[str], graph: onnx.GraphProto) -> set[str]:
 
 
 def folded_batchnorm(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:
-    """Chosen Conv weights whose Conv carries a BatchNorm folded in at export. The dynamo optimizer's rewriter
-    records its rule in the fused node's metadata (FUSION_RULE) and, for a Conv without a bias of its own, names
-    the new bias `<weight>_bias` (the fused kernel keeps the weight's name); TorchScript's constant folding names
-    computed initializers after their reader (`onnx::Conv_N`), where a Conv's own parameters keep their names."""
+    """Chosen weights of a Conv, ConvTranspose or Gemm that carries a BatchNorm folded in at export. The dynamo
+    optimizer's rewriter records its rule in the fused node's metadata (FUSION_RULES) and, for a node without a
+    bias of its own, names the new bias `<weight>_bias` (the fused kernel keeps the weight's name); TorchScript's
+    constant folding (into a Conv alone) names computed initializers after their reader (`onnx::Conv_N`), where a
+    Conv's own parameters keep their names."""
     folded = []
     for node in graph.node:
-        if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in chosen:
+        if node.op_type not in FUSION_RULES or len(node.input) < 2 or node.input[1] not in chosen:
             continue
         weight, bias = node.input[1], node.input[2] if len(node.input) > 2 else ""
         rules = {p.value for p in node.metadata_props if p.key == "pkg.onnxscript.rewriter.rule_name"}
-        if FUSION_RULE in rules or bias == f"{weight}_bias" or (
+        if FUSION_RULES[node.op_type] in rules or bias == f"{weight}_bias" or (
                 weight.startswith("onnx::Conv_") and bias.startswith("onnx::Conv_")):
             folded.append(weight)
     return folded

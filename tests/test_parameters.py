@@ -157,25 +157,57 @@ def test_zero_initialized_weights_of_products_stay_parameters(op, weight_shape):
     assert default_set(model) == ["Z"]
 
 
-def conv(weight: str, bias: str, rule: str | None = None) -> onnx.ModelProto:
+# op -> (its weight's shape, its attributes) reading X [2, 3, 8, 8] (Gemm: X [2, 3]) into 4 channels
+FUSED = {"Conv": ((4, 3, 3, 3), {"pads": [1, 1, 1, 1]}), "ConvTranspose": ((3, 4, 2, 2), {"strides": [2, 2]}),
+         "Gemm": ((4, 3), {"transB": 1})}
+
+
+def conv(weight: str, bias: str, rule: str | None = None, op: str = "Conv") -> onnx.ModelProto:
     rng = np.random.default_rng(2)
-    node = helper.make_node("Conv", ["X", weight, bias], ["Y"], pads=[1, 1, 1, 1])
+    shape, attributes = FUSED[op]
+    node = helper.make_node(op, ["X", weight, bias], ["Y"], **attributes)
     if rule:  # what the dynamo optimizer's rewriter records on the node it made
         helper.set_metadata_props(node, {"pkg.onnxscript.rewriter.rule_name": rule})
-    return model_of([node], {"X": [1, 3, 8, 8]}, {weight: rng.normal(size=(4, 3, 3, 3)), bias: rng.normal(size=4)})
+    return model_of([node], {"X": [2, 3] if op == "Gemm" else [2, 3, 8, 8]},
+                    {weight: rng.normal(size=shape), bias: rng.normal(size=4)})
 
 
-@pytest.mark.parametrize("weight, bias, rule", [
-    ("stem.0.weight", "stem.0.weight_bias", None),  # dynamo's optimizer, a Conv without a bias
-    ("stem.0.weight", "stem.0.bias", "FuseBatchNormIntoConv"),  # dynamo's optimizer, a Conv with its own bias
-    ("onnx::Conv_62", "onnx::Conv_63", None)])  # TorchScript's constant folding
-def test_a_batchnorm_folded_into_a_conv_is_warned_about(weight, bias, rule):
+@pytest.mark.parametrize("weight, bias, rule, op", [
+    ("stem.0.weight", "stem.0.weight_bias", None, "Conv"),  # dynamo's optimizer, a Conv without a bias
+    ("stem.0.weight", "stem.0.bias", "FuseBatchNormIntoConv", "Conv"),  # dynamo's optimizer, a Conv's own bias
+    ("onnx::Conv_62", "onnx::Conv_63", None, "Conv"),  # TorchScript's constant folding
+    # dynamo's optimizer folds a BatchNorm into a ConvTranspose (a DCGAN generator) and into a Linear's Gemm (an
+    # MLP's Linear + BatchNorm1d) too
+    ("net.0.weight", "net.0.weight_bias", None, "ConvTranspose"),
+    ("net.0.weight", "net.0.bias", "FuseBatchNormIntoConvTranspose", "ConvTranspose"),
+    ("mlp.0.weight", "mlp.0.bias", "FuseBatchNormIntoGemm", "Gemm")])
+def test_a_batchnorm_folded_into_a_conv_is_warned_about(weight, bias, rule, op):
     with pytest.warns(onnxtrain.ParameterizationWarning, match=f"{weight} .*BatchNorm folded into Conv"):
-        assert select_trainable(conv(weight, bias, rule), None) == [weight, bias]
+        assert select_trainable(conv(weight, bias, rule, op), None) == [weight, bias]
 
 
-def test_a_conv_with_its_own_parameters_is_not_warned_about():
-    assert default_set(conv("stem.0.weight", "stem.0.bias", "SomeOtherRule")) == ["stem.0.weight", "stem.0.bias"]
+@pytest.mark.parametrize("op", FUSED)
+def test_a_conv_with_its_own_parameters_is_not_warned_about(op):
+    assert default_set(conv("stem.0.weight", "stem.0.bias", "SomeOtherRule", op)) == ["stem.0.weight", "stem.0.bias"]
+
+
+@pytest.mark.parametrize("layer", ["ConvTranspose2d", "Linear"])
+def test_a_batchnorm_the_dynamo_export_folds_into_a_linear_or_transposed_conv_is_warned_about(layer):
+    """The default dynamo export of Linear + BatchNorm1d (an MLP) and ConvTranspose2d + BatchNorm2d (a DCGAN
+    generator) fuses the BatchNorm into the Gemm's or the ConvTranspose's weight and bias: their default set had
+    trained the fused kernel silently, where PyTorch trains the layer's weight and BatchNorm's scale and shift."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    first, x = ((torch.nn.Linear(6, 8), torch.randn(4, 6)) if layer == "Linear"
+                else (torch.nn.ConvTranspose2d(6, 8, 2, 2), torch.randn(4, 6, 3, 3)))
+    module = torch.nn.Sequential(first, torch.nn.BatchNorm1d(8) if layer == "Linear" else torch.nn.BatchNorm2d(8))
+    with torch.no_grad():  # a trained BatchNorm's statistics
+        module[1].running_mean.uniform_(-0.5, 0.5)
+        module[1].running_var.uniform_(0.5, 2.0)
+    model = torch.onnx.export(module.eval(), (x,), dynamo=True).model_proto
+    with pytest.warns(onnxtrain.ParameterizationWarning, match=r"0\.weight .*BatchNorm folded into Conv"):
+        onnxtrain.make_trainable(model, loss="mse", optimizer="sgd")
 
 
 def recorded(node: onnx.NodeProto, call: str, args: str) -> onnx.NodeProto:
