@@ -92,6 +92,7 @@ WARNED: dict[tuple[str, str], str] = {
     # the head untied from the embedding; A = -exp(A_log) folded (an `unsqueeze` folded from exp)
     ("mamba", "dynamo"): rf"{UNTIED}|computes from its parameters",
     ("mamba", "torchscript"): UNTIED,
+    ("dcgan", "dynamo"): BN_FOLDED,  # into the Linear's Gemm and the ConvTranspose (FuseBatchNormInto<op>)
 }
 
 # model -> the ParameterizationWarning of the recipe: Gemma's and BART's tied embeddings have a padding row that

@@ -351,6 +351,21 @@ class Norms(nn.Module):
         return self.head(torch.cat([b, w, r.amax(1), torch.tanh(0.1 * stats)], -1))
 
 
+class Generator(nn.Module):
+    """A DCGAN generator: the noise projected by Linear + BatchNorm1d, then ConvTranspose2d + BatchNorm2d + ReLU
+    up to the image under Tanh. The default dynamo export folds both BatchNorms, into the Gemm and into the
+    ConvTranspose (the TorchScript export keeps them)."""
+
+    def __init__(self, noise: int = 8):
+        super().__init__()
+        self.project = nn.Sequential(nn.Linear(noise, 8 * 4 * 4, bias=False), nn.BatchNorm1d(8 * 4 * 4), nn.ReLU())
+        self.up = nn.Sequential(nn.ConvTranspose2d(8, 4, 4, 2, 1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                                nn.ConvTranspose2d(4, 3, 3, 1, 1), nn.Tanh())
+
+    def forward(self, z):
+        return self.up(self.project(z).view(-1, 8, 4, 4))
+
+
 class LoopModule(nn.Module):
     """A recurrence scripted with a Python for loop over a fixed count. TorchScript's exporter unrolls the fixed
     count (four Gemm, Add, Tanh); a fed count stays an ONNX Loop (tests/test_remat.py trains one)."""
@@ -635,6 +650,7 @@ ZOO: dict[str, ZooModel] = {
     "script_loop": ZooModel(scripted_loop, normal(16), "mse", regression),
     "qwen2_moe": ZooModel(qwen2_moe, lambda rng: (tokens(rng), mask()), "mse", regression),
     "mamba": ZooModel(mamba, lambda rng: (tokens(rng),), "mse", regression),
+    "dcgan": ZooModel(lambda: perturbed(Generator()), normal(8), "mse", regression),
 }
 
 # GPT-2 trained as a language model; untied embeddings keep the tied-weight question (see ZOO's gpt2) out
