@@ -6,7 +6,8 @@ range holds exactly the bytes the tensor's dims and type need. A model given as 
 folder, so it may not reference external data at all. Every tensor is visited (main graph, training graphs,
 sparse initializers, attribute tensors, subgraphs, functions), not only the ones onnx's helper walks, and nothing
 beyond the tensor's bytes is read. `load` leaves the state in its data files (ExternalValues), checked by the same
-rule at every read.
+rule at every read. The file opened is what is checked (on Linux), so a link swapped in after the check
+escapes nothing.
 """
 
 from __future__ import annotations
@@ -108,13 +109,17 @@ def non_negative(entries_: dict[str, str], key: str, label: str) -> int | None:
     return int(digits)
 
 
+def outside_error(location: str, label: str) -> ExternalDataError:
+    return ExternalDataError(f"{label}: external data location {location!r} is outside the model's folder")
+
+
 def confined_path(location: str, folder: Path, label: str) -> Path:
     """`location` resolved (symlinks included) inside `folder`, else ExternalDataError."""
     if not location:
         raise ExternalDataError(f"{label}: external data has no location")
     if "\0" in location:
         raise ExternalDataError(f"{label}: external data location {location!r} contains a NUL byte")
-    outside = ExternalDataError(f"{label}: external data location {location!r} is outside the model's folder")
+    outside = outside_error(location, label)
     if os.path.isabs(location):
         raise outside
     try:
@@ -124,6 +129,15 @@ def confined_path(location: str, folder: Path, label: str) -> Path:
     if not target.is_relative_to(folder.resolve()):
         raise outside
     return target
+
+
+def opened_path(file: BinaryIO) -> Path | None:
+    """Where the file open on `file` lies, as the kernel names it (Linux's /proc/self/fd), or None where the system
+    does not say."""
+    try:
+        return Path(os.readlink(f"/proc/self/fd/{file.fileno()}"))
+    except OSError:
+        return None
 
 
 # What says a file is the one read before, unchanged: its device and inode (the same file, not another put at its
@@ -151,6 +165,11 @@ def tensor_range(tensor: TensorProto, label: str, folder: Path) -> Iterator[tupl
     file, info = open_regular_file(target, ExternalDataError, f"{label}: external data file {location!r}")
     size = info.st_size
     with file:
+        # The file opened, not the path resolved before: a folder or the file swapped for a link out of the folder
+        # in between is opened through it. Where the system cannot name an open file, that window stays.
+        opened = opened_path(file)
+        if opened is not None and not opened.is_relative_to(folder.resolve()):
+            raise outside_error(location, label)
         # Without a length the data runs to the end of the file (onnx's rule), so the rest must be exactly it.
         end_mismatch = size != offset + needed if length is None else size < offset + needed
         if end_mismatch:

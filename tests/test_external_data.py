@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -10,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxtrain
+from onnxtrain import external_data
 from onnxtrain.errors import ExternalDataError
 from onnxtrain.external_data import ExternalValues
 from onnxtrain.tensor_data import raw_size
@@ -261,3 +263,42 @@ def test_a_kept_external_tensor_is_confined_at_every_read(tmp_path):
     (folder / "v.bin").symlink_to(tmp_path / "secret.bin")
     with pytest.raises(ExternalDataError, match="'v.bin' is outside the model's folder"):
         engine.reset()
+
+
+@pytest.mark.parametrize("swapped", ["sub", "sub/b2.bin"])
+def test_a_link_out_swapped_in_after_the_check_is_refused_by_what_was_opened(tmp_path, monkeypatch, swapped):
+    """A folder on the path, or the file, replaced by a link out of the model's folder between confined_path's
+    resolve and the open: the file opened is checked (on Linux), not only the path resolved before."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("the system does not name an open file: the window stays (docs/semantics.md)")
+    folder = tmp_path / "model"
+    (folder / "sub").mkdir(parents=True)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "b2.bin").write_bytes(SECRET.tobytes())
+    (folder / "sub" / "b2.bin").write_bytes(np.zeros(2, np.float32).tobytes())
+    model = mlp_adam(params(), 0.1)
+    make_external(sparse_values(model), "sub/b2.bin")  # read once, at load
+    (folder / "m.onnx").write_bytes(model.SerializeToString())
+    resolve = external_data.confined_path
+
+    def resolve_then_swap(location, folder_, label):
+        target = resolve(location, folder_, label)
+        os.rename(folder / swapped, folder / f"{swapped}.old")
+        (folder / swapped).symlink_to(tmp_path / "out" / Path(swapped).relative_to("sub"))
+        return target
+
+    monkeypatch.setattr(external_data, "confined_path", resolve_then_swap)
+    with pytest.raises(ExternalDataError, match="'sub/b2.bin' is outside the model's folder"):
+        onnxtrain.load(folder / "m.onnx")
+
+
+def test_a_hard_link_in_the_folder_is_a_file_of_the_folder(tmp_path):
+    """No path leaves the folder: a hard link to a file elsewhere is read, as documented (docs/semantics.md)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (tmp_path / "b2.bin").write_bytes(SECRET.tobytes())
+    os.link(tmp_path / "b2.bin", folder / "b2.bin")
+    model = mlp_adam(params(), 0.1)
+    make_external(model.graph.initializer[3], "b2.bin")
+    (folder / "m.onnx").write_bytes(model.SerializeToString())
+    np.testing.assert_array_equal(onnxtrain.load(folder / "m.onnx").state["B2"], SECRET)
