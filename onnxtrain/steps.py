@@ -26,6 +26,7 @@ import onnx
 
 from .ir import Graph
 from .lower.autocast import MixedPrecision
+from .lower.build import FunctionId
 from .lower.typecheck import check_outputs
 from .lower.walker import Scope, TraceContext, run_graph, run_nodes
 from .state.bindings import Algorithm
@@ -38,7 +39,7 @@ class StepModel:
 
     graph: Graph  # ModelProto.graph
     algorithms: tuple[Algorithm, ...]  # one per TrainingInfoProto
-    functions: Mapping[tuple[str, str], onnx.FunctionProto]  # model-local functions, by (domain, name)
+    functions: Mapping[FunctionId, onnx.FunctionProto]  # model-local functions, by (domain, name, overload)
     main_static: Mapping[str, np.ndarray]  # the main graph's initializers that trace as constants
     algorithm_static: tuple[Mapping[str, np.ndarray], ...]  # the same for each algorithm graph
     # Applied to each new state inside a traced step so that it keeps the layout of the state it replaces

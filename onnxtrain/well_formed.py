@@ -102,6 +102,20 @@ def check_value_scopes(model: onnx.ModelProto) -> None:
                 raise ModelLoadError(f"{owner} returns {output!r}, which none of its inputs or nodes defines")
 
 
+def check_functions_defined_once(model: onnx.ModelProto) -> None:
+    """onnx.proto: "The (domain, name, overload) tuple must be unique across the function protos in this list": a
+    node would otherwise call whichever of the two a table kept last, silently."""
+    ids = Counter((f.domain, f.name, f.overload) for f in model.functions)
+    twice = sorted(i for i, count in ids.items() if count > 1)
+    if twice:
+        domain, name, overload = twice[0]
+        overloaded = f", overload {overload!r}" if overload else ""
+        raise ModelLoadError(
+            f"the model defines local function {name!r} (domain {domain!r}{overloaded}) more than once "
+            f"(the (domain, name, overload) tuple must be unique across ModelProto.functions)"
+        )
+
+
 def check_ir_version(model: onnx.ModelProto) -> None:
     """A model of an IR version before training_info existed cannot mean its training graphs (the checker lets
     them pass)."""
@@ -115,4 +129,5 @@ def check_ir_version(model: onnx.ModelProto) -> None:
 def check_well_formed(model: onnx.ModelProto) -> None:
     check_ir_version(model)
     check_text_fields(model)
+    check_functions_defined_once(model)
     check_value_scopes(model)

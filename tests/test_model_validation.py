@@ -91,6 +91,20 @@ def function_opset(m):
     m.graph.node.append(helper.make_node("F", ["c"], ["d"], domain="local"))
 
 
+def local_function(op_type: str, overload: str = "") -> onnx.FunctionProto:
+    """local::F(x) = op_type(x), of the given overload."""
+    function = helper.make_function("local", "F", ["x"], ["y"], [helper.make_node(op_type, ["x"], ["y"])],
+                                    [helper.make_opsetid("", 17)])
+    function.overload = overload
+    return function
+
+
+def function_defined_twice(m):
+    m.functions.extend([local_function("Neg"), local_function("Abs")])  # which one would F(c) call?
+    m.opset_import.append(helper.make_opsetid("local", 1))
+    m.graph.node.append(helper.make_node("F", ["c"], ["d"], domain="local"))
+
+
 def non_utf8_string_attribute(m):
     m.graph.node.insert(0, helper.make_node("Constant", [], ["s"], value_string="x", name="const"))
     m.graph.node[0].attribute[0].s = b"\xff"
@@ -252,6 +266,7 @@ def floats_attribute_set_as_ints(m):
     (opset_zero, "imports opset ai.onnx version 0; versions start at 1"),
     (opset_twice, r"the model imports opset ai.onnx twice \(versions 17 and 13\)"),
     (function_opset, "function 'F' imports opset ai.onnx version 1000000"),
+    (function_defined_twice, r"defines local function 'F' \(domain 'local'\) more than once"),
     (non_utf8_string_attribute, "attribute 'value_string' of node 'const' is not valid UTF-8"),
     (non_utf8_string_tensor, "a string of initializer 'words' is not valid UTF-8"),
     (unknown_input_type, "value 'a' has unknown element type 99"),
@@ -310,3 +325,18 @@ def test_a_zero_state_variable_holding_typed_values_too_is_refused():
     model.graph.initializer[0].float_data[:] = [5.0, 6.0]
     with pytest.raises(ModelLoadError, match="initializer 'W' holds values both in raw_data and in float_data"):
         onnxtrain.load(model.SerializeToString(), check=False)
+
+
+@pytest.mark.parametrize("overload, expected", [("neg", [[1, -2, 3]]), ("abs", [[1, 2, 3]])])
+def test_a_node_calls_the_local_function_of_its_overload(overload, expected):
+    """Functions of one (domain, name) differing by overload (IR version 10) are distinct: each node calls the one
+    its `overload` names, not the last of them."""
+    model = add_model()
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.zeros(3, np.float32), "b"))
+    model.functions.extend([local_function("Neg", "neg"), local_function("Abs", "abs")])
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    model.graph.node.append(helper.make_node("F", ["c"], ["d"], domain="local", overload=overload))
+    model.graph.output[0].name = "d"
+    model.ir_version = 10
+    engine = onnxtrain.load(model)
+    np.testing.assert_array_equal(engine.infer({"a": np.array([[-1, 2, -3]], np.float32)})["d"], expected)

@@ -28,15 +28,24 @@ from .registry import canonical_domain, lookup, schema_for
 
 M = TypeVar("M", bound=Message)
 
+# A model-local function's id: (domain, name, overload). IR version 10 added `overload` to FunctionProto and
+# NodeProto: functions of one name may differ by it, and a node calls the one its own `overload` names.
+FunctionId = tuple[str, str, str]
+
+
+def function_id(proto: onnx.FunctionProto | onnx.NodeProto) -> FunctionId:
+    name = proto.name if isinstance(proto, onnx.FunctionProto) else proto.op_type
+    return proto.domain, name, proto.overload
+
 
 @dataclass
 class Resolver:
     """What binding a node needs: the opsets in force and the model-local functions; collects what is missing."""
 
     opsets: dict[str, int]
-    functions: dict[tuple[str, str], onnx.FunctionProto]
+    functions: dict[FunctionId, onnx.FunctionProto]
     missing: list[tuple[str, str, int]] = field(default_factory=list)
-    checked: set[tuple[str, str]] = field(default_factory=set)  # local functions whose bodies were bound
+    checked: set[FunctionId] = field(default_factory=set)  # local functions whose bodies were bound
     # initializers the model holds without their bytes because they are all zero (export.without_zero_state)
     zero_initializers: frozenset[str] = frozenset()
     # reads the initializers the model keeps in external data (model.read_model's keep_state)
@@ -187,10 +196,10 @@ def build_node(
     owner = f" of node {proto.name or proto.op_type!r}"
     attributes = {a.name: decode_attribute(a, resolver, owner) for a in raw}
     opset = resolver.opsets.get(domain)
-    function = resolver.functions.get((proto.domain, proto.op_type))
+    function = resolver.functions.get(function_id(proto))
     impl, since_version = None, None
     if function is not None:
-        check_function_body((proto.domain, proto.op_type), resolver)
+        check_function_body(function_id(proto), resolver)
     else:
         schema = schema_for(domain, proto.op_type, opset) if opset is not None else None
         if schema is not None:
@@ -237,7 +246,7 @@ def build_graph(proto: onnx.GraphProto, resolver: Resolver) -> Graph:
     )
 
 
-def check_function_body(key: tuple[str, str], resolver: Resolver) -> None:
+def check_function_body(key: FunctionId, resolver: Resolver) -> None:
     """Bind a called model-local function's nodes once, so their unsupported ops are reported at load."""
     if key in resolver.checked:
         return
@@ -252,7 +261,7 @@ def model_resolver(model: onnx.ModelProto, zero_initializers: frozenset[str] = f
                    external: ExternalValues | None = None) -> Resolver:
     """The opsets and functions nodes bind with, once the model is known to be well formed (well_formed.py)."""
     check_well_formed(model)
-    functions = {(f.domain, f.name): detached(f) for f in model.functions}
+    functions = {function_id(f): detached(f) for f in model.functions}
     return Resolver(opset_versions(model.opset_import, "the model"), functions,
                     zero_initializers=zero_initializers, external=external)
 

@@ -17,7 +17,7 @@ from ..errors import NodeError, OnnxTrainError, StaticValueRequired
 from ..ir import Graph, Node
 from . import layout
 from .autocast import MixedPrecision, autocasting
-from .build import Resolver, build_node, raise_if_missing
+from .build import FunctionId, Resolver, build_node, raise_if_missing
 from .layout import channels_first, channels_first_results
 from .constants import hoisting, with_hoisted
 from .registry import schema_for
@@ -85,7 +85,7 @@ class TraceContext:
     """What every node of one trace shares: the random key and the model-local functions."""
 
     key: Any  # a jax PRNG key (traced), the root of every random op's stream
-    functions: dict[tuple[str, str], onnx.FunctionProto] = field(default_factory=dict)
+    functions: dict[FunctionId, onnx.FunctionProto] = field(default_factory=dict)
     training: bool = False  # True inside train_step: Dropout without a training_mode input drops
     step: Any = None  # the train step count (traced) inside train_step, else None
     iterations: tuple = ()  # the (traced) iteration of each enclosing loop, outermost first
