@@ -129,3 +129,18 @@ def test_an_empty_algorithm_graph_is_a_step_that_updates_nothing():
     outputs = engine.train_step({"X": x}, algorithm=1)
     np.testing.assert_array_equal(np.asarray(outputs["Y"]), np.zeros((1, 1), np.float32))
     np.testing.assert_array_equal(np.asarray(engine.state["W"]), np.zeros((2, 1), np.float32))
+
+
+def test_two_keys_bound_to_one_value_each_take_it():
+    """No rule of onnx.proto's keeps two keys from naming one value (rule 1 makes the keys unique, not the values):
+    both variables are assigned it."""
+    graph = helper.make_graph([helper.make_node("Add", ["A", "B"], ["Y"])], "g", [], [vi("Y", TensorProto.FLOAT, [2])],
+                              [tensor("A", np.array([1, 2], np.float32)), tensor("B", np.array([10, 20], np.float32))])
+    algorithm = helper.make_graph([helper.make_node("Add", ["A", "One"], ["A_new"])], "a", [],
+                                  [vi("A_new", TensorProto.FLOAT, [2])], [tensor("One", np.ones(2, np.float32))])
+    info = helper.make_training_info(algorithm, [("A", "A_new"), ("B", "A_new")], None, None)
+    engine = onnxtrain.load(model(graph, [info]))
+    for _ in range(2):
+        engine.train_step({})
+    np.testing.assert_array_equal(np.asarray(engine.state["A"]), [3, 4])
+    np.testing.assert_array_equal(np.asarray(engine.state["B"]), [3, 4])
