@@ -48,8 +48,9 @@ from . import steps
 from .state.bindings import Algorithm, parse_training_info, state_owners
 from .state.store import load_npz, save_npz
 
-# Float inputs an op reads when it is traced (they set its output's shape or its sampling plan)
-TRACE_TIME_FLOAT_INPUTS = {("Resize", 1), ("Resize", 2), ("Upsample", 1)}
+# Float inputs an op reads when it is traced (they set its output's shape or its sampling plan); Split-1's sizes
+# are typed like its data (T, float), later versions' are int64 (static anyway)
+TRACE_TIME_FLOAT_INPUTS = {("Resize", 1), ("Resize", 2), ("Upsample", 1), ("Split", 1)}
 
 
 def trace_time_reads(nodes: Sequence[Node]) -> set[str]:

@@ -27,7 +27,7 @@ import onnx
 from .ir import Graph
 from .lower.autocast import MixedPrecision
 from .lower.build import FunctionId
-from .lower.typecheck import check_outputs
+from .lower.typecheck import check_outputs, input_sizes
 from .lower.walker import Scope, TraceContext, run_graph, run_nodes
 from .state.bindings import Algorithm
 from .state.store import assign
@@ -71,7 +71,7 @@ def infer(model: StepModel, state: Mapping[str, Any], consts: Mapping[str, Any],
     values = scope(model.main_static, consts, state, feeds=feeds)
     trace = TraceContext(key, dict(model.functions), mixed_precision=model.mixed_precision, remat=model.remat)
     run_nodes(model.graph.nodes, values, trace)
-    check_outputs(model.graph, values)
+    check_outputs(model.graph, values, input_sizes([model.graph], values))
     return {o.name: values[o.name] for o in model.graph.outputs}
 
 
@@ -84,8 +84,9 @@ def train_step(model: StepModel, k: int, state: Mapping[str, Any], step: Any, co
     trace = TraceContext(jax.random.fold_in(key, step), dict(model.functions), training=True, step=step,
                          mixed_precision=model.mixed_precision, remat=model.remat)
     run_nodes(model.graph.nodes + algorithm.graph.nodes, values, trace)
-    check_outputs(model.graph, values)
-    check_outputs(algorithm.graph, values)
+    sizes = input_sizes([model.graph, algorithm.graph], values)
+    check_outputs(model.graph, values, sizes)
+    check_outputs(algorithm.graph, values, sizes)
     # An output bound to state is the new state itself; returning it again would cost a copy per step.
     bound = set(algorithm.update_binding.values())
     outputs = {o.name: values[o.name] for o in model.graph.outputs + algorithm.graph.outputs if o.name not in bound}
@@ -106,7 +107,7 @@ def init(model: StepModel, state: Mapping[str, Any], key: Any) -> dict[str, Any]
         trace = TraceContext(jax.random.fold_in(key, algorithm.index), dict(model.functions),
                              mixed_precision=model.mixed_precision, remat=model.remat)
         values = dict(zip([o.name for o in graph.outputs], run_graph(graph, [], trace)))
-        check_outputs(graph, values)
+        check_outputs(graph, values, {})
         state = assign(state, algorithm.initialization_binding, values,
                        f"training_info[{algorithm.index}].initialization_binding")
     return model.keep_layout(state)

@@ -4,6 +4,7 @@ would come out."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper
 
@@ -125,6 +126,59 @@ def test_an_output_computed_other_than_declared_is_an_error(graph, output, chang
     if graph == "main":
         with pytest.raises(NodeError, match=message):
             engine.infer({"X": feeds["X"]})
+
+
+def if_then_declared_2() -> tuple[onnx.ModelProto, dict]:
+    """The If of if_model with its then-branch's output declared [2] (it computes [1])."""
+    m = if_model((np.float32,), (np.float32,))
+    then = next(a.g for a in m.graph.node[0].attribute if a.name == "then_branch")
+    then.output[0].type.tensor_type.shape.dim[0].dim_value = 2
+    return m, {"C": np.array(True)}
+
+
+def loop_body_declaring(carried: int, scan_shape: list) -> onnx.ModelProto:
+    """Loop 'repeat' (3 iterations) of a body v -> (v + v, scan v), declaring v + v's type and the scan's shape."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c"], ["c2"]), helper.make_node("Add", ["v", "v"], ["v2"]),
+         helper.make_node("Identity", ["v"], ["s"])], "body",
+        [vi("i", TensorProto.INT64, []), vi("c", TensorProto.BOOL, []), vi("v", TensorProto.FLOAT, [3])],
+        [vi("c2", TensorProto.BOOL, []), vi("v2", carried, [3]), vi("s", TensorProto.FLOAT, scan_shape)])
+    graph = helper.make_graph([helper.make_node("Loop", ["M", "", "X"], ["V", "S"], body=body, name="repeat")], "g",
+                              [vi("X", TensorProto.FLOAT, [3])], [vi("V", TensorProto.FLOAT, None),
+                                                                   vi("S", TensorProto.FLOAT, None)],
+                              [tensor("M", np.array(3, np.int64))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("make, message", [
+    (if_then_declared_2, r"If 'choose' \(then_branch\): output 't0' of graph 't' is declared of shape "
+                                       r"\[2\] but computes \[1\]"),
+    (lambda: (loop_body_declaring(TensorProto.INT64, [3]), {"X": np.ones(3, np.float32)}),
+     r"Loop 'repeat' \(body\): output 'v2' of graph 'body' is declared int64 but computes float"),
+    (lambda: (loop_body_declaring(TensorProto.FLOAT, [3, 1]), {"X": np.ones(3, np.float32)}),
+     r"Loop 'repeat' \(body\): output 's' of graph 'body' is declared of shape \[3, 1\] but computes \[3\]"),
+], ids=["if-branch-shape", "loop-carried-type", "loop-scan-rank"])
+def test_a_subgraph_output_computed_other_than_declared_is_an_error(make, message):
+    """Nested graphs' declarations are checked as a top-level graph's are: the values had passed on as computed."""
+    m, feeds = make()
+    with pytest.raises(NodeError, match=message):
+        onnxtrain.load(m, check=False).infer(feeds)
+
+
+@pytest.mark.parametrize("outputs, message", [
+    ([("Y", ["N", 3])], r"output 'Y' of graph 'g': dimension 0 \('N'\) is 4, but input 'X' dimension 0 gave 'N' = 2"),
+    ([("X2", ["M", 3]), ("Y", ["M", 3])],
+     r"output 'Y' of graph 'g': dimension 0 \('M'\) is 4, but output 'X2' of graph 'g' dimension 0 gave 'M' = 2"),
+], ids=["input-and-output", "two-outputs"])
+def test_a_dim_param_is_one_size_across_the_graph(outputs, message):
+    """IR.md: "A dimension variable "N" represents the same value across the entire graph in a model": an output
+    declared [N, 3] that computes 2N rows had passed, each dim_param matching any size."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["X"], ["X2"]), helper.make_node("Concat", ["X", "X"], ["Y"], axis=0)], "g",
+        [vi("X", TensorProto.FLOAT, ["N", 3])], [vi(name, TensorProto.FLOAT, shape) for name, shape in outputs])
+    engine = onnxtrain.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.raises(NodeError, match=message):
+        engine.infer({"X": np.ones((2, 3), np.float32)})
 
 
 def test_an_output_declared_without_type_or_with_symbolic_dims_takes_what_is_computed():

@@ -105,6 +105,10 @@ def function_defined_twice(m):
     m.graph.node.append(helper.make_node("F", ["c"], ["d"], domain="local"))
 
 
+def concat_without_axis(m):
+    m.graph.node.append(helper.make_node("Concat", ["c", "c"], ["d"], name="cat"))  # axis had defaulted to 1
+
+
 def non_utf8_string_attribute(m):
     m.graph.node.insert(0, helper.make_node("Constant", [], ["s"], value_string="x", name="const"))
     m.graph.node[0].attribute[0].s = b"\xff"
@@ -266,6 +270,7 @@ def floats_attribute_set_as_ints(m):
     (opset_zero, "imports opset ai.onnx version 0; versions start at 1"),
     (opset_twice, r"the model imports opset ai.onnx twice \(versions 17 and 13\)"),
     (function_opset, "function 'F' imports opset ai.onnx version 1000000"),
+    (concat_without_axis, "attribute 'axis' of node 'cat' is required by Concat-13 but not set"),
     (function_defined_twice, r"defines local function 'F' \(domain 'local'\) more than once"),
     (non_utf8_string_attribute, "attribute 'value_string' of node 'const' is not valid UTF-8"),
     (non_utf8_string_tensor, "a string of initializer 'words' is not valid UTF-8"),
@@ -340,3 +345,32 @@ def test_a_node_calls_the_local_function_of_its_overload(overload, expected):
     model.ir_version = 10
     engine = onnxtrain.load(model)
     np.testing.assert_array_equal(engine.infer({"a": np.array([[-1, 2, -3]], np.float32)})["d"], expected)
+
+
+def test_a_required_attribute_a_function_body_references_is_the_callers():
+    """A body node's required attribute given by reference (ref_attr_name) is set by each call, not missing."""
+    model = add_model()
+    concat = helper.make_node("Concat", ["x", "x"], ["y"])
+    concat.attribute.append(onnx.AttributeProto(name="axis", ref_attr_name="ax", type=onnx.AttributeProto.INT))
+    function = helper.make_function("local", "Twice", ["x"], ["y"], [concat], [helper.make_opsetid("", 17)],
+                                    attributes=["ax"])
+    model.functions.append(function)
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    model.graph.node.append(helper.make_node("Twice", ["c"], ["d"], domain="local", ax=0))
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("d", TensorProto.FLOAT, ["2N", 3]))
+    a = np.array([[1, 2, 3]], np.float32)
+    np.testing.assert_array_equal(onnxtrain.load(model).infer({"a": a})["d"], np.concatenate([a + 1, a + 1], 0))
+
+
+def test_batchnorm_1_without_its_required_in_place_hint_runs():
+    """consumed_inputs, which BatchNormalization-1 requires, is a hint the lowering drops: its absence is no guess."""
+    x = np.array([[1, 2], [3, 4]], np.float32)
+    stats = {"s": [1, 2], "b": [0, 1], "m": [1, 0], "v": [4, 1]}
+    graph = helper.make_graph(
+        [helper.make_node("BatchNormalization", ["x", *stats], ["y"], is_test=1)], "bn1",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])], [helper.make_empty_tensor_value_info("y")],
+        [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in stats.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 1)], ir_version=3)
+    s, b, m, v = (np.array(stats[k], np.float32) for k in stats)
+    np.testing.assert_allclose(onnxtrain.load(model, check=False).infer({"x": x})["y"],
+                               (x - m) / np.sqrt(v + 1e-5) * s + b, rtol=1e-6)

@@ -205,6 +205,7 @@ def build_node(
         if schema is not None:
             since_version = schema.since_version
             impl = lookup(domain, proto.op_type, since_version)
+            check_required_attributes(proto, schema, attributes, caller_attributes is None, owner)
             for name, spec in schema.attributes.items():
                 if name not in attributes and spec.default_value.type != onnx.AttributeProto.UNDEFINED:
                     attributes[name] = decode_attribute(spec.default_value, resolver)
@@ -224,6 +225,24 @@ def build_node(
         function=function,
         metadata={p.key: p.value for p in proto.metadata_props if p.key.startswith(METADATA_PREFIX)},
     )
+
+
+# Attributes the lowering drops (registry.register), so their absence changes nothing: BatchNormalization-1
+# requires `consumed_inputs`, an in-place hint
+DROPPED_ATTRIBUTES = {"consumed_inputs"}
+
+
+def check_required_attributes(proto: onnx.NodeProto, schema: onnx.defs.OpSchema, attributes: dict[str, Any],
+                              unbound: bool, owner: str) -> None:
+    """A required attribute is set (what onnx.checker says; check=False skips it): the lowering's keyword default
+    would guess it (Concat-4+'s axis had been 1) and a missing keyword argument came out as a TypeError when
+    traced. `unbound`: a function body checked without its caller, whose references are set by each call."""
+    referenced = {a.name for a in proto.attribute if a.ref_attr_name} if unbound else set()
+    missing = [name for name, spec in schema.attributes.items()
+               if spec.required and name not in attributes.keys() | referenced | DROPPED_ATTRIBUTES]
+    if missing:
+        raise ModelLoadError(f"attribute {missing[0]!r}{owner} is required by {proto.op_type}-"
+                             f"{schema.since_version} but not set")
 
 
 def schema_has_body(schema: onnx.defs.OpSchema | None, opset: int | None) -> bool:

@@ -5,9 +5,9 @@ JAX promotes mixed dtypes silently (an int64 X times float weights gives floats)
 runtime refuses (ONNX Runtime: "Type parameter (T) of Optype (Gemm) bound to different types") would run and
 return numbers. The schema says which inputs share one type parameter, so must have one type.
 An If whose cond is known at trace time runs one branch only, so branches that disagree went unnoticed.
-A top-level graph's outputs against their declared types, checked when the graph is traced: the value returned
-is what the graph computes, so a declaration that differs (double declared, float computed) is a model error,
-never a reading the engine picks.
+A graph's outputs against their declared types, checked when the graph is traced: the value returned is what the
+graph computes, so a declaration that differs (double declared, float computed; a dim_param of another size than
+the inputs gave it) is a model error, never a reading the engine picks.
 """
 
 from __future__ import annotations
@@ -89,16 +89,36 @@ def check_input_types(node: "Node", args: Sequence[Value]) -> None:
                             f"({node.inputs[first[1]]!r}) is {first[0]}; the schema gives both type {param}")
 
 
-def check_outputs(graph: Graph, values: Mapping[str, Value]) -> None:
+# A dim_param's size in one run, and what gave it ("input 'X' dimension 0")
+Sizes = dict[str, tuple[int, str]]
+
+
+def input_sizes(graphs: Sequence[Graph], values: Mapping[str, Value]) -> Sizes:
+    """The size each dim_param of the graphs' inputs has in this run (the feeds agree: feeds.py checked them)."""
+    sizes: Sizes = {}
+    for graph in graphs:
+        for info in graph.inputs:
+            shape = getattr(values[info.name], "shape", None)
+            if info.shape is None or shape is None or isinstance(values[info.name], list):
+                continue
+            for axis, (want, got) in enumerate(zip(info.shape, shape)):
+                if isinstance(want, str):
+                    sizes.setdefault(want, (got, f"input {info.name!r} dimension {axis}"))
+    return sizes
+
+
+def check_outputs(graph: Graph, values: Mapping[str, Value], sizes: Sizes) -> None:
     """Each output of `graph` (ModelProto.graph, an initialization or algorithm graph) as traced against its
-    ValueInfo: the element type where declared (not 0) and each dimension declared as a number; a dim_param or
-    an absent dimension matches any size."""
+    ValueInfo: the element type where declared (not 0), each dimension declared as a number, and each dim_param
+    the size the inputs (`sizes`, input_sizes) or an earlier output gave it: IR.md, "A dimension variable "N"
+    represents the same value across the entire graph in a model". An absent dimension matches any size."""
     for info in graph.outputs:
-        check_declared(info, values[info.name], f"output {info.name!r} of graph {graph.name!r}")
+        check_declared(info, values[info.name], f"output {info.name!r} of graph {graph.name!r}", sizes)
 
 
-def check_declared(info: ValueInfo, value: Value, what: str) -> None:
-    """`value` as the model sees it (a Scope's, channels first)."""
+def check_declared(info: ValueInfo, value: Value, what: str, sizes: Sizes | None = None) -> None:
+    """`value` as the model sees it (a Scope's, channels first); `sizes`: the dim_params bound so far, which
+    this value's add to (None: a dim_param matches any size)."""
     dtype, shape = getattr(value, "dtype", None), getattr(value, "shape", None)
     if isinstance(value, list) or dtype is None or shape is None or info.elem_type is None:
         return  # a sequence, an absent optional, a declaration that is not a tensor's
@@ -110,3 +130,9 @@ def check_declared(info: ValueInfo, value: Value, what: str) -> None:
             isinstance(d, int) and d != n for d, n in zip(declared, shape))):
         shown = [d if d is not None else "?" for d in declared]
         raise NodeError(f"{what} is declared of shape {shown} but computes {list(shape)}")
+    for axis, (want, got) in enumerate(zip(declared or (), shape)):
+        if isinstance(want, str) and sizes is not None:
+            given, where = sizes.setdefault(want, (got, f"{what} dimension {axis}"))
+            if given != got:
+                raise NodeError(f"{what}: dimension {axis} ({want!r}) is {got}, but {where} gave {want!r} = {given} "
+                                f"(a dim_param names one size across the model)")

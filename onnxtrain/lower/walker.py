@@ -23,7 +23,7 @@ from .constants import hoisting, with_hoisted
 from .registry import schema_for
 from .selection import computed, plan
 from .sparse_update import SparseRows, sgd_rows, zeroed_rows
-from .typecheck import check_node
+from .typecheck import check_declared, check_node
 from .values import Value, is_static, static_evaluation, to_static
 
 
@@ -122,12 +122,14 @@ class NodeContext:
 
 
 class Subgraph:
-    """A graph attribute bound to the scope it appears in: call it with its inputs, get its outputs."""
+    """A graph attribute bound to the scope it appears in: call it with its inputs, get its outputs, each what
+    the graph declares (`owner` names the node and attribute in the error)."""
 
-    def __init__(self, graph: "Graph", scope: Scope, trace: TraceContext):
+    def __init__(self, graph: "Graph", scope: Scope, trace: TraceContext, owner: str = "a subgraph"):
         self.graph = graph
         self.scope = scope
         self.trace = trace
+        self.owner = owner
 
     @property
     def output_names(self) -> list[str]:
@@ -139,7 +141,10 @@ class Subgraph:
         if iteration is not None:
             trace = dataclasses.replace(trace, key=jax.random.fold_in(trace.key, iteration),
                                         iterations=(*trace.iterations, iteration))
-        return run_graph(self.graph, list(args), trace, outer=self.scope)
+        results = run_graph(self.graph, list(args), trace, outer=self.scope)
+        for info, value in zip(self.graph.outputs, results):
+            check_declared(info, value, f"{self.owner}: output {info.name!r} of graph {self.graph.name!r}")
+        return results
 
 
 def run_graph(graph: "Graph", args: Sequence[Value], trace: TraceContext, outer: Scope | None = None) -> list[Value]:
@@ -223,8 +228,11 @@ def call_node(
     check_node(node, args)
     if node.impl is None:
         return call_function(node, [channels_first(a) for a in args], trace)
+    def bound(graph: Graph, attribute: str) -> Subgraph:
+        return Subgraph(graph, scope, trace, f"{node.label} ({attribute})")
+
     attrs = {
-        name: ([Subgraph(g, scope, trace) for g in v] if is_graph_list(v) else Subgraph(v, scope, trace))
+        name: ([bound(g, name) for g in v] if is_graph_list(v) else bound(v, name))
         if isinstance(v, Graph) or is_graph_list(v)
         else v
         for name, v in node.attributes.items()

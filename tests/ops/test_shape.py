@@ -196,6 +196,20 @@ def test_split_versions(opset, inputs, attrs, n_outputs):
     assert_exact("Split", {"x": x, **inputs}, n_outputs, opset=opset, **attrs)
 
 
+def test_split_1_reads_its_float_sizes_from_an_initializer():
+    """Split-1 types its `split` input like its data (T: float); as an initializer it is a float weight, traced
+    unless read when traced, and had been a StaticValueRequired."""
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    graph = helper.make_graph([helper.make_node("Split", ["x", "split"], ["a", "b"], axis=1)], "split1",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
+                              [helper.make_empty_tensor_value_info(o) for o in "ab"],
+                              [numpy_helper.from_array(np.array([2, 4], np.float32), "split")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 1)], ir_version=3)
+    a, b = run(model, {"x": x})[0]
+    np.testing.assert_array_equal(a, x[:, :2])
+    np.testing.assert_array_equal(b, x[:, 2:])
+
+
 def test_split_bad_sizes_error():
     x = np.zeros((4, 7), np.float32)
     model = node_model("Split", {"x": x, "split": ints(2, 2)}, 2, axis=1)
