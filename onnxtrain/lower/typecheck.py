@@ -134,5 +134,7 @@ def check_declared(info: ValueInfo, value: Value, what: str, sizes: Sizes | None
         if isinstance(want, str) and sizes is not None:
             given, where = sizes.setdefault(want, (got, f"{what} dimension {axis}"))
             if given != got:
-                raise NodeError(f"{what}: dimension {axis} ({want!r}) is {got}, but {where} gave {want!r} = {given} "
-                                f"(a dim_param names one size across the model)")
+                raise NodeError(f"{what}: dimension {axis} ({want!r}) is {got}, but {where} gave {want!r} = {given}: "
+                                "a dim_param names one size across the model, so the declaration is wrong (an "
+                                "export's dynamic_axes naming an output dimension after an input's that it does "
+                                "not follow, say); re-export naming it apart, or leave it unnamed")
