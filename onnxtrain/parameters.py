@@ -268,12 +268,12 @@ def folded_mask(value: np.ndarray, used: list[Use]) -> bool:
             and all(op in MASK_OPS for op, _ in used) and bool(np.all(value == value.flat[0])))
 
 
-def constants(model: onnx.ModelProto) -> dict[str, str]:
+def constants(model: onnx.ModelProto, records: ExportRecords) -> dict[str, str]:
     """Float initializers of the main graph that are not parameters, each with the reason."""
     used = uses(model.graph)
-    made, results = made_inside_calls(model.graph), folded_results(model.graph)
+    made, results = made_inside_calls(model.graph, records), folded_results(records)
     made |= {name: f"folded from values the source model made in forward ({', '.join(sources)})"
-             for name, sources in made_in_forward(model.graph).items() if name not in made}
+             for name, sources in records.made_in_forward.items() if name not in made}
     reasons = {}
     for tensor in model.graph.initializer:
         if tensor.data_type in TRAINING_FLOAT_TYPES:
@@ -370,14 +370,13 @@ FACTORY_VALUE = re.compile(
 NOT_TRAINED_PLACEHOLDERS = ("b_", "c_")
 
 
-def made_inside_calls(graph: onnx.GraphProto) -> dict[str, str]:
+def made_inside_calls(graph: onnx.GraphProto, records: ExportRecords) -> dict[str, str]:
     """Initializers of the main graph read only where the recorded PyTorch call's decomposition reads a constant
     of its own (CALL_CONSTANT_INPUTS, ARGUMENT_INPUTS), as the value of a factory call (FACTORY_VALUE) or inside
     one, or as a buffer or lifted constant (NOT_TRAINED_PLACEHOLDERS), each with the reason."""
     sizes = {t.name: int(np.prod(t.dims)) for t in graph.initializer}
     readers: dict[str, list[str]] = defaultdict(list)  # name -> per reading, who made it, or ""
-    for node in graph.node:
-        record = record_of(node)
+    for node, record in records.nodes:
         arguments, values = record.arguments, record.values
         # a node of a factory call's own decomposition: torch.zeros of a size that depends on a dynamic dimension
         # (an RNN's initial state of the batch's size) is Expand(a 0-d fill value, the size), not folded
@@ -437,10 +436,11 @@ def select_trainable(model: onnx.ModelProto, trainable: str | Iterable[str] | No
     """The model's parameters (None), those whose names match a regular expression, or exactly the names given;
     warns (ParameterizationWarning) where the exporter changed the parameterisation of the chosen ones."""
     floats = [t.name for t in model.graph.initializer if t.data_type in TRAINING_FLOAT_TYPES]
+    records = read_records(model.graph)  # once: the default set and the warnings read them several times
     if isinstance(trainable, str):
         check_pattern("trainable", trainable)
     if trainable is None or isinstance(trainable, str):
-        left_out = constants(model)
+        left_out = constants(model, records)
         chosen = [n for n in floats if n not in left_out and (trainable is None or re.fullmatch(trainable, n))]
         if not chosen:
             raise AuthoringError(f"trainable: no parameter matches {trainable!r} (float initializers: {floats[:20]})")
@@ -449,7 +449,7 @@ def select_trainable(model: onnx.ModelProto, trainable: str | Iterable[str] | No
         if not chosen:
             raise AuthoringError("trainable: the list of names is empty")
         check_names(model, chosen)
-    warn_about_parameterization(model, chosen)
+    warn_about_parameterization(model, chosen, records)
     return chosen
 
 
@@ -475,7 +475,7 @@ def check_names(model: onnx.ModelProto, names: list[str]) -> None:
 KEEP_PARAMETERS = "Export with torch.onnx.export(..., dynamo=True, optimize=False) (onnxtrain.from_torch)"
 
 
-def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> None:
+def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str], records: ExportRecords) -> None:
     """Warn, once per kind, about chosen initializers the exporter merged, untied, broadcast or folded."""
     used = uses(model.graph)
     arrays = DecodedOnRead({t.name: t for t in model.graph.initializer if t.name in set(chosen)})
@@ -499,7 +499,7 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str]) -> No
          "parameter into a constant (a token-type embedding's row; DeBERTa's relative position projections "
          "repeated per sequence; a relative position bias table gathered per query-key pair, as Swin's); each copy "
          f"would train on its own, where the source model sums their gradients. {keep}"),
-        (", ".join(computed_weights(model.graph, set(chosen))),
+        (", ".join(computed_weights(model.graph, set(chosen), records)),
          "a weight the source model computes from its parameters (a parametrization: weight_norm's g * v / |v|, "
          "spectral_norm), which the exporter computed once and folded into a plain tensor; training it trains "
          f"that tensor, not the parameters. {keep} to keep them"),
@@ -530,17 +530,15 @@ STEP_PRESERVING_CALLS = {
 }
 
 
-def folded_results(graph: onnx.GraphProto) -> dict[str, tuple[str, str]]:
+def folded_results(records: ExportRecords) -> dict[str, tuple[str, str]]:
     """{initializer: (call, reader)} for the initializers a recorded call (`reader`) reads as the result of one of
     the source model's calls: torch.export names a result after its call (%sigmoid, %embedding_1), and the
     exporter names the initializer it folds that result into alike. Factory calls' results aside (constants)."""
     found: dict[str, tuple[str, str]] = {}
-    made = made_in_forward(graph)
-    for node in graph.node:
-        record = record_of(node)
+    for node, record in records.nodes:
         for name in node.input:
             if (record.call and name in record.values and not FACTORY_VALUE.fullmatch(name)
-                    and name not in made):
+                    and name not in records.made_in_forward):
                 found.setdefault(name, (call_named(name), record.call))
     return found
 
@@ -558,11 +556,23 @@ def folded_sources(graph: onnx.GraphProto) -> dict[str, list[str]]:
             if (record := metadata(info, FOLDED_FROM))}
 
 
-def made_in_forward(graph: onnx.GraphProto) -> dict[str, list[str]]:
-    """{value: what it was folded from} for the values the exporter folded from tensors the source model made in
-    forward alone (constant_sources): PatchTST's scaler divides by clamp_min(ones_like(x).sum(1), 1), x's shape
-    folded into a tensor of 16s that no parameter reaches."""
-    return {name: sources for name, sources in folded_sources(graph).items() if constant_sources(sources)}
+@dataclass(frozen=True)
+class ExportRecords:
+    """The dynamo exporter's records in a graph, read once per select_trainable (each rule reads them again):
+    each node of the main graph with its Record, what the optimizer folded each value from (`folded`:
+    folded_sources), and `made_in_forward`, those of them folded from tensors the source model made in forward
+    alone (constant_sources): PatchTST's scaler divides by clamp_min(ones_like(x).sum(1), 1), x's shape folded
+    into a tensor of 16s that no parameter reaches."""
+
+    nodes: list[tuple[onnx.NodeProto, Record]]
+    folded: dict[str, list[str]]
+    made_in_forward: dict[str, list[str]]
+
+
+def read_records(graph: onnx.GraphProto) -> ExportRecords:
+    folded = folded_sources(graph)
+    return ExportRecords([(node, record_of(node)) for node in graph.node], folded,
+                         {name: sources for name, sources in folded.items() if constant_sources(sources)})
 
 
 def constant_sources(sources: list[str]) -> bool:
@@ -574,22 +584,22 @@ def constant_sources(sources: list[str]) -> bool:
     return bool(made) and not any("." in s for s in sources if s not in made)
 
 
-def computed_weights(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:
+def computed_weights(graph: onnx.GraphProto, chosen: set[str], records: ExportRecords) -> list[str]:
     """Chosen initializers that a recorded linear or convolution call reads where its weight argument is a value
     computed in the source model (not a parameter's placeholder p_<name>), or that a recorded call reads as the
     folded result of a call other than STEP_PRESERVING_CALLS: a parametrization the exporter folded. The
     exporter's record of what it folded an initializer from (FOLDED_FROM) adds those folded through one of the
     PARAMETRIZING_CALLS (Mamba's A = -exp(A_log), unsqueezed: a folded `unsqueeze`) and clears a weight folded
     through views alone (Mamba's conv1d weight.squeeze(1).unsqueeze(1): the parameter itself)."""
-    calls = {name: folded_calls(sources, graph) for name, sources in folded_sources(graph).items()}
+    inputs = {i.name for i in graph.input}
+    calls = {name: folded_calls(sources, inputs) for name, sources in records.folded.items()}
     found = {name: f"{name} (the result of {made_by}, read by {reader})"
-             for name, (made_by, reader) in folded_results(graph).items()
+             for name, (made_by, reader) in folded_results(records).items()
              if name in chosen and made_by not in STEP_PRESERVING_CALLS}
     found |= {name: f"{name} (folded from {', '.join(sorted(computed & PARAMETRIZING_CALLS))})"
               for name, computed in calls.items() if name in chosen and name not in found
               and computed & PARAMETRIZING_CALLS}
-    for node in graph.node:
-        record = record_of(node)
+    for node, record in records.nodes:
         names, position = record.arguments, WEIGHT_ARGUMENTS.get(record.call)
         if position is None:
             continue
@@ -610,12 +620,11 @@ ONNX_VALUE = re.compile(r"val_\d+")  # the exporter's names of ONNX values (a Re
 PARAMETRIZING_CALLS = {"exp", "log", "sigmoid", "softplus", "tanh", "sqrt", "rsqrt", "reciprocal", "pow"}
 
 
-def folded_calls(sources: list[str], graph: onnx.GraphProto) -> set[str]:
+def folded_calls(sources: list[str], inputs: set[str]) -> set[str]:
     """The calls other than STEP_PRESERVING_CALLS among folded `sources`: the FX results there are named after
     their calls (exp_2); state names (dotted), lifted constants, factory values, ONNX values and graph inputs are
-    no calls of a parameter. A root module's parameter has no dot: it is taken for a call (a view of it, for a
-    computed weight)."""
-    inputs = {i.name for i in graph.input}
+    no calls of a parameter (`inputs`: the graph's). A root module's parameter has no dot: it is taken for a call
+    (a view of it, for a computed weight)."""
     return {call for s in sources if "." not in s and not ONNX_VALUE.fullmatch(s) and s not in inputs
             and not LIFTED_CONSTANT.fullmatch(s) and not FACTORY_VALUE.fullmatch(s)
             and (call := call_named(s)) not in STEP_PRESERVING_CALLS}
