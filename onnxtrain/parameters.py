@@ -501,7 +501,7 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str], recor
          f"would train on its own, where the source model sums their gradients. {keep}"),
         (", ".join(computed_weights(model.graph, set(chosen), records)),
          "a weight the source model computes from its parameters (a parametrization: weight_norm's g * v / |v|, "
-         "spectral_norm), which the exporter computed once and folded into a plain tensor; training it trains "
+         "spectral_norm; a projection of a parameter, DeBERTa's pos_key_proj(rel_embeddings)), which the exporter computed once and folded into a plain tensor; training it trains "
          f"that tensor, not the parameters. {keep} to keep them"),
         (f"{', '.join(folded[:6])}{' ...' if len(folded) > 6 else ''} ({len(folded)} in all)" if folded else "",
          "BatchNorm folded into Conv (ConvTranspose, Gemm) by the exporter: the BatchNorm's scale and shift are "
@@ -567,12 +567,14 @@ class ExportRecords:
     nodes: list[tuple[onnx.NodeProto, Record]]
     folded: dict[str, list[str]]
     made_in_forward: dict[str, list[str]]
+    run_time: set[str]  # the values the graph computes when run: its inputs and its nodes' outputs
 
 
 def read_records(graph: onnx.GraphProto) -> ExportRecords:
     folded = folded_sources(graph)
     return ExportRecords([(node, record_of(node)) for node in graph.node], folded,
-                         {name: sources for name, sources in folded.items() if constant_sources(sources)})
+                         {name: sources for name, sources in folded.items() if constant_sources(sources)},
+                         {i.name for i in graph.input} | {o for node in graph.node for o in node.output})
 
 
 def constant_sources(sources: list[str]) -> bool:
@@ -589,10 +591,10 @@ def computed_weights(graph: onnx.GraphProto, chosen: set[str], records: ExportRe
     computed in the source model (not a parameter's placeholder p_<name>), or that a recorded call reads as the
     folded result of a call other than STEP_PRESERVING_CALLS: a parametrization the exporter folded. The
     exporter's record of what it folded an initializer from (FOLDED_FROM) adds those folded through one of the
-    PARAMETRIZING_CALLS (Mamba's A = -exp(A_log), unsqueezed: a folded `unsqueeze`) and clears a weight folded
-    through views alone (Mamba's conv1d weight.squeeze(1).unsqueeze(1): the parameter itself)."""
-    inputs = {i.name for i in graph.input}
-    calls = {name: folded_calls(sources, inputs) for name, sources in records.folded.items()}
+    PARAMETRIZING_CALLS (Mamba's A = -exp(A_log), unsqueezed: a folded `unsqueeze`; DeBERTa's relative position
+    keys pos_key_proj(rel_embeddings), viewed per head: a folded `linear`) and clears a weight folded through views
+    alone (Mamba's conv1d weight.squeeze(1).unsqueeze(1): the parameter itself)."""
+    calls = {name: folded_calls(sources, records.run_time) for name, sources in records.folded.items()}
     found = {name: f"{name} (the result of {made_by}, read by {reader})"
              for name, (made_by, reader) in folded_results(records).items()
              if name in chosen and made_by not in STEP_PRESERVING_CALLS}
@@ -615,17 +617,24 @@ def computed_weights(graph: onnx.GraphProto, chosen: set[str], records: ExportRe
 
 
 ONNX_VALUE = re.compile(r"val_\d+")  # the exporter's names of ONNX values (a Reshape's shape), not calls
-# Calls whose result is a non-linear function of each element: a value folded from a parameter through one is a
-# parametrization, whatever views follow (the sources also name the calls that made indices: arange, gather)
-PARAMETRIZING_CALLS = {"exp", "log", "sigmoid", "softplus", "tanh", "sqrt", "rsqrt", "reciprocal", "pow"}
+# Calls whose result is a non-linear function of each element, a product or a normalization: a value folded from a
+# parameter through one is a parametrization, whatever views follow; a product scales each step (by the other
+# factor: a projection of a parameter table, DeBERTa's pos_key_proj(rel_embeddings)). The sources also name the
+# calls that made indices (arange, gather, the comparisons of a mask), none of them here.
+PARAMETRIZING_CALLS = {
+    "exp", "log", "sigmoid", "softplus", "tanh", "sqrt", "rsqrt", "reciprocal", "pow",
+    "linear", "mm", "bmm", "matmul", "addmm", "baddbmm", "einsum", "mul", "div", "conv1d", "conv2d", "conv3d",
+    "convolution", "layer_norm", "group_norm", "rms_norm", "linalg_vector_norm",
+}
 
 
-def folded_calls(sources: list[str], inputs: set[str]) -> set[str]:
+def folded_calls(sources: list[str], run_time: set[str]) -> set[str]:
     """The calls other than STEP_PRESERVING_CALLS among folded `sources`: the FX results there are named after
-    their calls (exp_2); state names (dotted), lifted constants, factory values, ONNX values and graph inputs are
-    no calls of a parameter (`inputs`: the graph's). A root module's parameter has no dot: it is taken for a call
-    (a view of it, for a computed weight)."""
-    return {call for s in sources if "." not in s and not ONNX_VALUE.fullmatch(s) and s not in inputs
+    their calls (exp_2); state names (dotted), lifted constants, factory values and ONNX values are no calls of a
+    parameter, nor is a value the graph still computes at `run_time` (a graph input, an activation): the sources
+    list values whose shape alone was read (a Reshape's target folded from layer_norm's output shape). A root
+    module's parameter has no dot: it is taken for a call (a view of it, for a computed weight)."""
+    return {call for s in sources if "." not in s and not ONNX_VALUE.fullmatch(s) and s not in run_time
             and not LIFTED_CONSTANT.fullmatch(s) and not FACTORY_VALUE.fullmatch(s)
             and (call := call_named(s)) not in STEP_PRESERVING_CALLS}
 

@@ -540,6 +540,41 @@ def test_folds_that_train_as_their_parameters_are_not_warned_about():
     assert [str(w.message).split(":")[0] for w in record] == ["sigmoid (the result of sigmoid, read by mul.Tensor)"]
 
 
+def test_a_projection_of_a_parameter_folded_under_a_dynamic_batch_is_warned_about():
+    """DeBERTa-v2's relative position keys pos_key_proj(rel_embeddings), repeated per sequence: a static export
+    folds the repeat too (warned as equal slices), a dynamic batch leaves the Tile to run time and folds the
+    projection alone, a [span, d] tensor of neither parameter, recorded as folded from `linear`. A Bilinear's
+    weight, reshaped by a shape the exporter read off run-time activations (layer_norm's output, recorded among
+    what it was folded from too), is the parameter itself: no warning."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+
+    class RelativeKeys(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Parameter(torch.randn(6, 8))
+            self.pos_key = torch.nn.Linear(8, 8)
+            self.norm = torch.nn.LayerNorm(8, elementwise_affine=False)
+            self.bilinear = torch.nn.Bilinear(8, 8, 4)
+
+        def forward(self, x):  # [batch, 6, 8]
+            keys = self.pos_key(self.table).repeat(x.shape[0], 1, 1)
+            return self.bilinear(self.norm(x), x).mean(1) + (x * keys).sum(-1).mean(-1, keepdim=True)
+
+    torch.manual_seed(0)
+    module, x = RelativeKeys().eval(), torch.randn(2, 6, 8)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    model = torch.onnx.export(module, (x,), dynamo=True, dynamic_shapes=({0: batch},)).model_proto
+    with torch.no_grad():
+        projected = module.pos_key(module.table).numpy()
+    folded = [t.name for t in model.graph.initializer if t.dims == [1, *projected.shape]
+              and np.allclose(numpy_helper.to_array(t)[0], projected, rtol=1e-5, atol=1e-6)]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert set(folded) < set(select_trainable(model, None))
+    assert [str(w.message).split(":")[0] for w in record] == [f"{folded[0]} (folded from linear)"]
+
+
 def test_a_folded_constant_made_in_forward_is_no_parameter_function():
     """The dynamo exporter folds DeBERTa's sqrt(torch.tensor(d) * scale), a 0-d tensor the model makes in forward,
     into an initializer named sqrt, as it folds CLIP's logit_scale.exp() into exp: its record of what each was

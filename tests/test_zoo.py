@@ -81,8 +81,8 @@ WARNED: dict[tuple[str, str], str] = {
     ("t5", "torchscript"): UNTIED,
     ("vit", "dynamo"): r"expand \(along axis 0\): equal slices",  # cls_token broadcast to [2, 1, 32]
     ("weight_norm", "dynamo"): "computes from its parameters",  # g * v / |v| folded into one tensor
-    # the relative position keys and queries (pos_key_proj of the LayerNorm'd table), repeated per sequence
-    ("deberta_v2", "dynamo"): r"\(along axis 0, blocks of 4\): equal slices",
+    # the relative position keys and queries (pos_key_proj of the table: a folded linear), repeated per sequence
+    ("deberta_v2", "dynamo"): r"\(along axis 0, blocks of 4\): equal slices|\(folded from linear\)",
     ("bart", "dynamo"): rf"{UNTIED}|equal slices",  # the head untied; the encoder's positions broadcast
     ("bloom", "dynamo"): UNTIED,
     ("bloom", "torchscript"): UNTIED,
