@@ -14,7 +14,7 @@ import re
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import ml_dtypes
 import numpy as np
@@ -479,10 +479,17 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str], recor
     """Warn, once per kind, about chosen initializers the exporter merged, untied, broadcast or folded."""
     used = uses(model.graph)
     arrays = DecodedOnRead({t.name: t for t in model.graph.initializer if t.name in set(chosen)})
-    merged = [f"{n} (every element {a.flat[0]:g}, read by {len(used[n])} nodes)" for n, a in arrays.items()
-              if a.size > 1 and len(used.get(n, [])) > 1 and np.all(a == a.flat[0])]
-    untied = [f"{b} is a {how} copy of {a}" for a, b, how in untied_copies(arrays)]
-    repeated = [f"{n} ({how})" for n, a in arrays.items() if (how := repetition(a))]
+    merged, repeated, alike = [], [], defaultdict(list)
+    for n, a in arrays.items():  # one decoding each (most of this check's time); untied_copies reads pairs again
+        if a.size > 1 and np.all(a == a.flat[0]):
+            if len(used.get(n, [])) > 1:
+                merged.append(f"{n} (every element {a.flat[0]:g}, read by {len(used[n])} nodes)")
+            continue  # constant: no copy of a weight, no repetition of one
+        if a.size > 1:
+            alike[summary(a)].append(n)
+        if how := repetition(a):
+            repeated.append(f"{n} ({how})")
+    untied = [f"{b} is a {how} copy of {a}" for a, b, how in untied_copies(arrays, alike.values())]
     folded = folded_batchnorm(model.graph, set(chosen))
     keep = KEEP_PARAMETERS
     kinds = [
@@ -657,14 +664,16 @@ def folded_batchnorm(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:
     return folded
 
 
-def untied_copies(arrays: dict[str, np.ndarray]) -> list[tuple[str, str, str]]:
-    """Pairs (a, b, 'transposed' or 'plain') where b holds a's values (or its transpose); constant arrays aside."""
-    by_summary: dict[tuple, list[str]] = defaultdict(list)
-    for name, a in arrays.items():
-        if a.size > 1 and not np.all(a == a.flat[0]):  # order-free and exact, so a transpose summarizes alike
-            by_summary[(a.dtype.str, a.size, a.min(), a.max(), np.count_nonzero(a > 0))].append(name)
+def summary(a: np.ndarray) -> tuple:
+    """What a copy of `a` shares with it, transposed or not: order-free and exact."""
+    return a.dtype.str, a.size, a.min(), a.max(), np.count_nonzero(a > 0)
+
+
+def untied_copies(arrays: Mapping[str, np.ndarray], alike: Iterable[list[str]]) -> list[tuple[str, str, str]]:
+    """Pairs (a, b, 'transposed' or 'plain') where b holds a's values (or its transpose), among each list of
+    names of `alike` (non-constant arrays of one summary)."""
     pairs = []
-    for names in by_summary.values():
+    for names in alike:
         for i, a in enumerate(names):
             for b in names[i + 1:]:
                 x, y = arrays[a], arrays[b]
