@@ -508,13 +508,13 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str], recor
          f"would train on its own, where the source model sums their gradients. {keep}"),
         (", ".join(computed_weights(model.graph, set(chosen), records)),
          "a weight the source model computes from its parameters (a parametrization: weight_norm's g * v / |v|, "
-         "spectral_norm; a projection of a parameter, DeBERTa's pos_key_proj(rel_embeddings)), which the exporter computed once and folded into a plain tensor; training it trains "
-         f"that tensor, not the parameters. {keep} to keep them"),
+         "spectral_norm; a projection of a parameter, DeBERTa's pos_key_proj(rel_embeddings)), which the exporter "
+         f"computed once and folded into a plain tensor; training it trains that tensor, not the parameters. {keep} "
+         "to keep them"),
         (f"{', '.join(folded[:6])}{' ...' if len(folded) > 6 else ''} ({len(folded)} in all)" if folded else "",
          "BatchNorm folded into Conv (ConvTranspose, Gemm) by the exporter: the BatchNorm's scale and shift are "
          "gone and the fused kernel W*gamma/sqrt(var+eps) and bias would train instead, another parameterisation. "
-         "To keep "
-         f"BatchNorm, {KEEP_BATCH_NORM}"),
+         f"To keep BatchNorm, {KEEP_BATCH_NORM}"),
     ]
     for names, why in kinds:
         if names:
