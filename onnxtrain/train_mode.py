@@ -295,6 +295,10 @@ def averaging_weights(b: Builder, graph: onnx.GraphProto, original: onnx.NodePro
         if count is None or count.dims:
             raise OnnxTrainError(f"train_mode: {label} records its batch count as {counter!r}, which is no 0-d "
                                  "initializer")
+        # the count is the train step's alone: an algorithm initializer (a state variable as well, IR.md), where
+        # the inference graph would hold one it never reads (ONNX Runtime warns of it, removing it)
+        graph.initializer.remove(count)
+        b.initializers.append(count)
         b.initializers.append(numpy_helper.from_array(np.asarray(1, numpy_helper.to_array(count).dtype),
                                                       f"{counter}.one"))
         b.node("Add", [counter, f"{counter}.one"], [f"{counter}.next"])

@@ -330,6 +330,8 @@ def test_momentum_none_trains_the_cumulative_average_through_from_torch():
         model = onnxtrain.from_torch(m.eval(), (torch.zeros(BATCH, 4),), input_names=["x"], loss="cross_entropy",
                                      optimizer="sgd", learning_rate=lr, train_mode=True)
     assert not [w for w in caught if "momentum" in str(w.message)]
+    assert "1.num_batches_tracked" not in {t.name for t in model.graph.initializer}  # the train step's state alone
+    assert "1.num_batches_tracked" in {t.name for t in model.training_info[0].algorithm.initializer}
     engine = onnxtrain.load(model)
     losses = [float(engine.train_step({"x": x, "target": y})["loss"]) for x, y in batches]
     np.testing.assert_allclose(losses, torch_training(m, batches, "sgd", lr), rtol=1e-4)
