@@ -38,6 +38,12 @@ def from_torch(module: Any, example_inputs: Sequence[Any], *, kwargs: Mapping[st
     if isinstance(example_inputs, Mapping):
         raise AuthoringError("from_torch: example_inputs are forward's positional arguments, a tuple; pass keyword "
                              "arguments as kwargs={...}")
+    averaged = [name for name, m in module.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                and m.momentum is None and m.track_running_stats and m.training]
+    if averaged and options.get("train_mode"):  # torch.export would fail on the data-dependent 1 / count
+        raise AuthoringError(f"from_torch: BatchNorm {averaged[:3]} (momentum=None) is in train mode, whose "
+                             "cumulative average torch.export cannot export; pass the module in eval mode "
+                             "(module.eval()): train_mode=True trains it as PyTorch's train() all the same")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         program = torch.onnx.export(module, tuple(example_inputs), kwargs=None if kwargs is None else dict(kwargs),

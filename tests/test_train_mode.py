@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import onnxtrain
-from onnxtrain.errors import FeedError, OnnxTrainError
+from onnxtrain.errors import AuthoringError, FeedError, OnnxTrainError
 
 BATCH, CLASSES = 8, 5
 
@@ -330,6 +330,9 @@ def test_momentum_none_trains_the_cumulative_average_through_from_torch():
         model = onnxtrain.from_torch(m.eval(), (torch.zeros(BATCH, 4),), input_names=["x"], loss="cross_entropy",
                                      optimizer="sgd", learning_rate=lr, train_mode=True)
     assert not [w for w in caught if "momentum" in str(w.message)]
+    with pytest.raises(AuthoringError, match=r"BatchNorm \['1'\] \(momentum=None\) is in train mode"):
+        onnxtrain.from_torch(m.train(), (torch.zeros(BATCH, 4),), loss="cross_entropy", train_mode=True)
+    m.eval()
     assert "1.num_batches_tracked" not in {t.name for t in model.graph.initializer}  # the train step's state alone
     assert "1.num_batches_tracked" in {t.name for t in model.training_info[0].algorithm.initializer}
     engine = onnxtrain.load(model)
