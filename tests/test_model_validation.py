@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxtrain
-from onnxtrain.errors import ModelLoadError
+from onnxtrain.errors import ModelLoadError, NodeError
 
 
 def add_model() -> onnx.ModelProto:
@@ -107,6 +107,28 @@ def function_defined_twice(m):
 
 def concat_without_axis(m):
     m.graph.node.append(helper.make_node("Concat", ["c", "c"], ["d"], name="cat"))  # axis had defaulted to 1
+
+
+def gemm_with_one_input(m):
+    m.graph.node.append(helper.make_node("Gemm", ["c"], ["d"], name="gm"))  # had been gemm()'s TypeError
+
+
+def castlike_with_one_input(m):
+    m.graph.node.append(helper.make_node("CastLike", ["c"], ["d"], name="cl"))
+
+
+def relu_with_two_inputs(m):
+    m.graph.node.append(helper.make_node("Relu", ["c", "c"], ["d"], name="relu"))
+
+
+def gemm_with_empty_b(m):
+    m.graph.node.append(helper.make_node("Gemm", ["c", ""], ["d"], name="gm"))
+
+
+def call_with_an_input_too_many(m):
+    m.functions.append(local_function("Neg"))
+    m.opset_import.append(helper.make_opsetid("local", 1))
+    m.graph.node.append(helper.make_node("F", ["c", "a"], ["d"], domain="local", name="call"))  # 'a' was dropped
 
 
 def non_utf8_string_attribute(m):
@@ -271,6 +293,11 @@ def floats_attribute_set_as_ints(m):
     (opset_twice, r"the model imports opset ai.onnx twice \(versions 17 and 13\)"),
     (function_opset, "function 'F' imports opset ai.onnx version 1000000"),
     (concat_without_axis, "attribute 'axis' of node 'cat' is required by Concat-13 but not set"),
+    (gemm_with_one_input, r"node 'gm' has 1 inputs, but Gemm-13 takes 2 to 3"),
+    (castlike_with_one_input, r"node 'cl' has 1 inputs, but CastLike-15 takes 2"),
+    (relu_with_two_inputs, r"node 'relu' has 2 inputs, but Relu-14 takes 1"),
+    (gemm_with_empty_b, r"input 1 \('B'\) of node 'gm' is required by Gemm-13 but left empty"),
+    (call_with_an_input_too_many, "node 'call' passes 2 inputs to local function 'F', which declares 1"),
     (function_defined_twice, r"defines local function 'F' \(domain 'local'\) more than once"),
     (non_utf8_string_attribute, "attribute 'value_string' of node 'const' is not valid UTF-8"),
     (non_utf8_string_tensor, "a string of initializer 'words' is not valid UTF-8"),
@@ -360,6 +387,20 @@ def test_a_required_attribute_a_function_body_references_is_the_callers():
     model.graph.output[0].CopyFrom(helper.make_tensor_value_info("d", TensorProto.FLOAT, ["2N", 3]))
     a = np.array([[1, 2, 3]], np.float32)
     np.testing.assert_array_equal(onnxtrain.load(model).infer({"a": a})["d"], np.concatenate([a + 1, a + 1], 0))
+
+
+def test_a_call_leaving_out_an_input_its_body_needs_names_it():
+    """A call may pass fewer inputs than its function declares (the rest are absent); a body node that requires
+    one of those had been called with None: a TypeError from its lowering."""
+    model = add_model()
+    add = helper.make_node("Add", ["x", "y"], ["z"])
+    model.functions.append(helper.make_function("local", "G", ["x", "y"], ["z"], [add], [helper.make_opsetid("", 17)]))
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    model.graph.node.append(helper.make_node("G", ["c"], ["d"], domain="local", name="call"))
+    model.graph.output[0].name = "d"
+    engine = onnxtrain.load(model)
+    with pytest.raises(NodeError, match=r"Add: input 1 \('B'\) of Add-14 is required, but 'y' has no value"):
+        engine.infer({"a": np.ones((1, 3), np.float32)})
 
 
 def test_batchnorm_1_without_its_required_in_place_hint_runs():

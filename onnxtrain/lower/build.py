@@ -193,18 +193,21 @@ def build_node(
 ) -> Node:
     domain = canonical_domain(proto.domain)
     raw = tuple(substitute_attribute_refs(proto.attribute, caller_attributes))
-    owner = f" of node {proto.name or proto.op_type!r}"
+    label = f"node {proto.name or proto.op_type!r}"
+    owner = f" of {label}"
     attributes = {a.name: decode_attribute(a, resolver, owner) for a in raw}
     opset = resolver.opsets.get(domain)
     function = resolver.functions.get(function_id(proto))
     impl, since_version = None, None
     if function is not None:
+        check_call_inputs(proto, function, label)
         check_function_body(function_id(proto), resolver)
     else:
         schema = schema_for(domain, proto.op_type, opset) if opset is not None else None
         if schema is not None:
             since_version = schema.since_version
             impl = lookup(domain, proto.op_type, since_version)
+            check_input_count(proto, schema, label)
             check_required_attributes(proto, schema, attributes, caller_attributes is None, owner)
             for name, spec in schema.attributes.items():
                 if name not in attributes and spec.default_value.type != onnx.AttributeProto.UNDEFINED:
@@ -243,6 +246,28 @@ def check_required_attributes(proto: onnx.NodeProto, schema: onnx.defs.OpSchema,
     if missing:
         raise ModelLoadError(f"attribute {missing[0]!r}{owner} is required by {proto.op_type}-"
                              f"{schema.since_version} but not set")
+
+
+def check_input_count(proto: onnx.NodeProto, schema: onnx.defs.OpSchema, label: str) -> None:
+    """The node has as many inputs as its schema takes, and each required one named (what onnx.checker says;
+    check=False skips it): the lowering would be called with too few or too many arguments, a TypeError."""
+    count, least, most = len(proto.input), schema.min_input, schema.max_input
+    version = f"{proto.op_type}-{schema.since_version}"
+    if not least <= count <= most:
+        takes = f"at least {least}" if most >= 2**31 - 1 else f"{least}" if least == most else f"{least} to {most}"
+        raise ModelLoadError(f"{label} has {count} inputs, but {version} takes {takes}")
+    single = onnx.defs.OpSchema.FormalParameterOption.Single
+    for i, (name, formal) in enumerate(zip(proto.input, schema.inputs)):
+        if not name and formal.option == single:
+            raise ModelLoadError(f"input {i} ({formal.name!r}) of {label} is required by {version} but left empty")
+
+
+def check_call_inputs(proto: onnx.NodeProto, function: onnx.FunctionProto, label: str) -> None:
+    """A call passes at most the inputs its function declares (fewer: the rest are absent, as optional inputs
+    are); an extra input was dropped silently."""
+    if len(proto.input) > len(function.input):
+        raise ModelLoadError(f"{label} passes {len(proto.input)} inputs to local function "
+                             f"{function.name!r}, which declares {len(function.input)}")
 
 
 def schema_has_body(schema: onnx.defs.OpSchema | None, opset: int | None) -> bool:

@@ -212,6 +212,19 @@ def call_reordered(
     return call_node(node, args, scope, trace, siblings, position)
 
 
+def check_required_present(node: "Node", args: Sequence[Value]) -> None:
+    """A required input has a value: in a function body it may name an input the call left out (build.py allows
+    fewer, as absent optional inputs), which the lowering would receive as None (a TypeError)."""
+    schema = schema_for(node.domain, node.op_type, node.opset)
+    if schema is None:
+        return
+    single = onnx.defs.OpSchema.FormalParameterOption.Single
+    for i, (name, formal, value) in enumerate(zip(node.inputs, schema.inputs, args)):
+        if value is None and formal.option == single:
+            raise NodeError(f"{node.label}: input {i} ({formal.name!r}) of {node.op_type}-{schema.since_version} is "
+                            f"required, but {name!r} has no value (an input the function call did not pass)")
+
+
 def value_name_of(node: "Node", formal_input: str) -> str | None:
     schema = schema_for(node.domain, node.op_type, node.opset)
     if schema is None:
@@ -226,6 +239,7 @@ def call_node(
     node: "Node", args: list[Value], scope: Scope, trace: TraceContext, siblings: Sequence["Node"], position: int
 ) -> Any:
     check_node(node, args)
+    check_required_present(node, args)
     if node.impl is None:
         return call_function(node, [channels_first(a) for a in args], trace)
     def bound(graph: Graph, attribute: str) -> Subgraph:
