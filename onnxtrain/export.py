@@ -20,7 +20,7 @@ from .big_models import (PROTOBUF_LIMIT, exceeds_protobuf_limit, initializer_gra
                          weight_tensors)
 from .dtypes import onnx_type, type_name
 from .errors import ExportError, ModelLoadError
-from .external_data import ExternalValues
+from .external_data import ExternalValues, open_if_regular
 from .placement import host_array
 from .tensor_data import (field_beside_raw_data, holds_no_data, lies_in_memory, raw_size, sparse_to_dense,
                           tensor_value, zeros_of)
@@ -286,7 +286,10 @@ def referenced_by_other_models(folder: Path, path: Path, names: set[str]) -> set
         if entry.name == path.name or not entry.name.endswith(".onnx") or not entry.is_file():
             continue
         try:
-            with open(entry.path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            opened = open_if_regular(Path(entry.path))
+            if opened is None:  # a FIFO or a device put there since the scan: a plain open() of a FIFO blocks
+                continue
+            with opened[0] as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
                 found |= {name for name in names - found if data.find(name.encode()) >= 0}
         except ValueError:  # an empty file: it names nothing
             continue

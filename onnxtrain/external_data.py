@@ -32,16 +32,23 @@ def open_regular_file(path: Path, error: type[OnnxTrainError], what: str) -> tup
     """Open `path` for reading, and its status (size...), only if it is a regular file: reading a FIFO blocks and a device such
     as /dev/zero never ends. O_NONBLOCK keeps even the open of a FIFO swapped in after the stat from blocking."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise error(f"{what} is not a regular file")
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        opened = open_if_regular(path) if stat.S_ISREG(os.stat(path).st_mode) else None
     except OSError as exc:
         raise error(f"{what} cannot be read: {exc.strerror}") from exc
+    if opened is None:
+        raise error(f"{what} is not a regular file")
+    return opened
+
+
+def open_if_regular(path: Path) -> tuple[BinaryIO, os.stat_result] | None:
+    """`path` opened for reading and its status if what was opened is a regular file, else None (OSError if it
+    cannot be opened). O_NONBLOCK: the open of a FIFO returns at once instead of waiting for a writer."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     file = os.fdopen(fd, "rb")
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         file.close()
-        raise error(f"{what} is not a regular file")
+        return None
     return file, info
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import stat
+import threading
 
 import numpy as np
 import onnx
@@ -317,6 +318,35 @@ def test_export_keeps_a_data_file_another_model_of_the_folder_references(tmp_pat
     (tmp_path / "copy2.onnx").unlink()
     engine.export(tmp_path / "m.onnx")  # in one file now: no model references any data file
     assert data_files(tmp_path) == []
+
+
+def test_export_skips_a_fifo_put_in_the_folder_as_another_model(tmp_path, monkeypatch):
+    """A FIFO named `other.onnx`, there at the scan for models referencing stale data files or swapped in after
+    it (the scan's is_file() made True here): a plain open() of it blocked the export until a writer came."""
+    os.mkfifo(tmp_path / "other.onnx")
+    (tmp_path / "m.onnx.data").write_bytes(b"x")  # a stale data file: the scan runs
+    scandir = os.scandir
+
+    class Swapped:  # the DirEntry as is_file() saw it before the swap
+        def __init__(self, entry):
+            self.name, self.path = entry.name, entry.path
+
+        def is_file(self) -> bool:
+            return True
+
+    monkeypatch.setattr(os, "scandir", lambda folder=".": [Swapped(e) for e in scandir(folder)]
+                        if os.fspath(folder) == os.fspath(tmp_path) else scandir(folder))
+    engine = trained(1)
+    export = threading.Thread(target=engine.export, args=(tmp_path / "m.onnx",), daemon=True)
+    export.start()
+    export.join(30)
+    if export.is_alive():  # unblock it (a writer opens the FIFO), then fail
+        os.close(os.open(tmp_path / "other.onnx", os.O_WRONLY | os.O_NONBLOCK))
+        export.join()
+        pytest.fail("export blocked opening the FIFO other.onnx")
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "other.onnx"]
+    assert onnxtrain.load(tmp_path / "m.onnx").step_count == 1
 
 
 def test_export_over_a_symlink_replaces_the_link_not_its_target(tmp_path):
