@@ -42,6 +42,15 @@ class Placement:
         return self.devices[0].platform if self.devices else jax.default_backend()
 
     @property
+    def device(self) -> jax.Device:
+        """The device of a one-device placement: the one given, else where jax.device_put puts an array (JAX's
+        default device: jax_default_device, a device or a platform's name, or the first device)."""
+        if self.devices:
+            return self.devices[0]
+        default = jax.config.jax_default_device
+        return jax.devices(default)[0] if isinstance(default, str) else default or jax.devices()[0]
+
+    @property
     def parallel(self) -> bool:
         return self.batch_sharding is not None
 
@@ -81,9 +90,14 @@ class Placement:
                 for n, v in state.items()}
 
     def feeds(self, feeds: Mapping[str, Any], declared: Mapping[str, ValueInfo]) -> dict[str, Any]:
-        """Batched feeds (first dimension symbolic or unknown) are split over the devices; others replicated."""
+        """Batched feeds (first dimension symbolic or unknown) are split over the devices; others replicated. On
+        one device, a jax array on another device is copied to it: the compiled program refused it (a ValueError
+        about shardings), and a numpy array is put where the program runs anyway."""
         if not self.parallel:
-            return dict(feeds)
+            device = self.device
+            return {name: jax.device_put(value, device)
+                    if isinstance(value, jax.Array) and value.devices() != {device} else value
+                    for name, value in feeds.items()}
         placed = {}
         for name, value in feeds.items():
             if value is None or isinstance(value, list) or getattr(value, "dtype", None) == object:

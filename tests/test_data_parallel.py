@@ -55,6 +55,11 @@ try:
     engine.train_step({"X": x[:6], "Target": t[:6]})
 except onnxtrain.errors.FeedError as exc:
     print("refused:", exc)
+# a jax array on another device than a one-device engine's is moved there (the program had refused its sharding)
+one = onnxtrain.load(mlp_adam(mlp_params(), lr=0.01), devices=jax.devices()[:1])
+elsewhere = jax.device_put(x, jax.devices()[3])
+np.testing.assert_array_equal(np.asarray(one.infer({"X": elsewhere})["Y"]), np.asarray(one.infer({"X": x})["Y"]))
+one.train_step({"X": elsewhere, "Target": jax.device_put(t, jax.devices()[5])})
 print("EQUAL")
 """
 
