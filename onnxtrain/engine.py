@@ -386,7 +386,9 @@ class Engine:
         if self._step is None or (self._step_behind and self._notes[algorithm].get("draws", True)):
             self._step_behind = False
             with jax.enable_x64(True):
-                self._step = self._placement.put({"step": np.uint32(self.step_count)})["step"]
+                # (modulo 2**32, as the device's uint32 counter wraps: a count past it, from a checkpoint or an
+                # exported model's metadata, had been an OverflowError)
+                self._step = self._placement.put({"step": np.uint32(self.step_count % 2**32)})["step"]
         return (self._state, self._step), self._main_consts, self._algorithm_consts[algorithm], self._key
 
     def reset(self) -> None:

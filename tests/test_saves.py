@@ -142,6 +142,28 @@ def test_load_state_refuses_a_checkpoint_that_does_not_fit_and_keeps_the_state(t
     assert_same_state(host_state(engine), state)
 
 
+@pytest.mark.parametrize("step", [-1, True])
+def test_load_state_refuses_a_step_count_that_is_no_count(tmp_path, step):
+    """A checkpoint of this model whose step is -1 had been loaded, and the next train_step raised OverflowError
+    putting it on the device as a uint32."""
+    engine = trained(1)
+    state = host_state(engine)
+    save_npz(tmp_path / "c.npz", state, {"step": step})
+    with pytest.raises(StateError, match="c.npz' is damaged.*non-negative integer 'step'"):
+        engine.load_state(tmp_path / "c.npz")
+    assert engine.step_count == 1
+    assert_same_state(host_state(engine), state)
+
+
+def test_a_step_count_past_uint32_trains_on(tmp_path):
+    """The device's step counter (a uint32, the seed of the random streams) wraps; the count itself is kept."""
+    engine = trained(1)
+    save_npz(tmp_path / "c.npz", host_state(engine), {"step": 2**32 + 5})
+    engine.load_state(tmp_path / "c.npz")
+    engine.train_step({"X": X, "Target": T})
+    assert engine.step_count == 2**32 + 6
+
+
 def header(dtypes, meta) -> np.ndarray:
     return np.frombuffer(json.dumps({"dtypes": dtypes, "meta": meta}).encode(), np.uint8)
 

@@ -102,8 +102,9 @@ def read_checkpoint(data: NpzFile) -> tuple[dict[str, np.ndarray], dict[str, Any
     if not isinstance(header, dict) or not isinstance(header.get("dtypes"), dict):
         raise ValueError(f"header {header!r} has no 'dtypes' table")
     meta = header.get("meta")
-    if not isinstance(meta, dict) or not isinstance(meta.get("step", 0), int):
-        raise ValueError(f"header {header!r} has no 'meta' table with an integer 'step'")
+    step = meta.get("step", 0) if isinstance(meta, dict) else None
+    if type(step) is not int or step < 0:  # (a bool is an int; -1 had become the step count, OverflowError later)
+        raise ValueError(f"header {header!r} has no 'meta' table with a non-negative integer 'step'")
     state = {}
     for name, dtype_name in header["dtypes"].items():
         array = data[name]
