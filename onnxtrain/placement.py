@@ -10,6 +10,7 @@ the all-gathers of the weights a product needs) inserted for us. The same code r
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -41,10 +42,11 @@ class Placement:
         """The platform programs are compiled for: the devices', or JAX's default backend's."""
         return self.devices[0].platform if self.devices else jax.default_backend()
 
-    @property
+    @functools.cached_property
     def device(self) -> jax.Device:
         """The device of a one-device placement: the one given, else where jax.device_put puts an array (JAX's
-        default device: jax_default_device, a device or a platform's name, or the first device)."""
+        default device: jax_default_device, a device or a platform's name, or the first device). Read once: the
+        state was put there at load."""
         if self.devices:
             return self.devices[0]
         default = jax.config.jax_default_device
@@ -94,10 +96,10 @@ class Placement:
         one device, a jax array on another device is copied to it: the compiled program refused it (a ValueError
         about shardings), and a numpy array is put where the program runs anyway."""
         if not self.parallel:
-            device = self.device
-            return {name: jax.device_put(value, device)
-                    if isinstance(value, jax.Array) and value.devices() != {device} else value
-                    for name, value in feeds.items()}
+            # (a per-call path: numpy feeds pass at once, and an uncommitted array goes where the program runs)
+            elsewhere = [name for name, value in feeds.items()
+                         if isinstance(value, jax.Array) and value.committed and value.devices() != {self.device}]
+            return {**feeds, **{name: jax.device_put(feeds[name], self.device) for name in elsewhere}}
         placed = {}
         for name, value in feeds.items():
             if value is None or isinstance(value, list) or getattr(value, "dtype", None) == object:
