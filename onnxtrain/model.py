@@ -32,20 +32,25 @@ def read_model(source: ModelSource, keep_state: bool = False) -> tuple[onnx.Mode
         inline_external_data(source, None)
         return source, None
     folder = None
+    hint = ""
     if isinstance(source, (bytes, bytearray)):
         data, what = bytes(source), "the given bytes"
+        if len(data) < 4096 and data.rstrip().endswith(b".onnx"):  # os.fsencode(path) is no path here
+            hint = "; bytes are a model's contents: give its path as a str or a pathlib.Path"
     elif not isinstance(source, (str, os.PathLike)):
         raise ModelLoadError(f"a model is a path, bytes or an onnx.ModelProto, not {type(source).__name__}")
     else:
         path = Path(source)
         what = f"file {str(path)!r}"
+        if not os.path.lexists(path) and (missing := shell_path_hint(str(path))):
+            raise ModelLoadError(f"model {what} does not exist: {missing}")
         data = read_model_file(path, what)
         folder = path.resolve().parent
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as exc:
-        raise ModelLoadError(f"{what} is not an ONNX model (protobuf parse failed: {exc})") from exc
+        raise ModelLoadError(f"{what} is not an ONNX model (protobuf parse failed: {exc}){hint}") from exc
     if model.ir_version <= 0 or not model.HasField("graph"):
         raise ModelLoadError(f"{what} is not an ONNX model (no ir_version or graph)")
     inline_external_data(model, folder, state_tensors(model) if keep_state else ())
@@ -90,6 +95,16 @@ class StateFile:
                 f"differ): the engine reads the state's initial values there for reset() and to recover from a "
                 "failed first step; load the model again")
         return model
+
+
+def shell_path_hint(path: str) -> str:
+    """What a shell would have made of a path that does not exist, where that one exists or may: a leading '~'
+    (expanded by shells, not by open()), white space around it (a line read from a file)."""
+    if path.startswith("~"):
+        return f"'~' is expanded by shells, not here: os.path.expanduser gives {os.path.expanduser(path)!r}"
+    if path != path.strip() and os.path.exists(path.strip()):
+        return f"it has white space around it, and {path.strip()!r} exists"
+    return ""
 
 
 def read_model_file(path: Path, what: str) -> bytes:

@@ -32,6 +32,21 @@ def test_fifo_is_refused_without_blocking(tmp_path):
         onnxtrain.load(tmp_path / "m.onnx")
 
 
+def test_a_path_a_shell_would_have_read_otherwise_says_so(tmp_path, monkeypatch):
+    """'~' (expanded by shells, not by open()) and white space around a path (a line read from a file) name no
+    file: the error says what was meant; a path given as bytes is read as a model's contents, and says so."""
+    onnx.save(add_model(), tmp_path / "m.onnx")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ModelLoadError, match=r"'~' is expanded by shells, not here: os.path.expanduser gives '.*'"):
+        onnxtrain.load("~/m.onnx")
+    with pytest.raises(ModelLoadError, match=r"it has white space around it, and '.*m.onnx' exists"):
+        onnxtrain.load(f"{tmp_path / 'm.onnx'}\n")
+    with pytest.raises(ModelLoadError, match="bytes are a model's contents: give its path as a str"):
+        onnxtrain.load(os.fsencode(tmp_path / "m.onnx"))
+    out = onnxtrain.load(os.path.expanduser("~/m.onnx")).infer({"a": np.zeros((2, 3), np.float32)})
+    np.testing.assert_array_equal(out["c"], np.ones((2, 3), np.float32))  # the file meant, c = 0 + b
+
+
 @pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
 def test_device_is_refused_without_reading_it():
     with pytest.raises(ModelLoadError, match="'/dev/zero' is not a regular file"):
