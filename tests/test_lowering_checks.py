@@ -165,6 +165,27 @@ def test_a_subgraph_output_computed_other_than_declared_is_an_error(make, messag
         onnxtrain.load(m, check=False).infer(feeds)
 
 
+def test_a_subgraph_rank_declared_without_sizes_is_the_exporters_guess():
+    """TorchScript's scatter_reduce, exported with a dynamic batch: If(rank(X) == 0) flattens in then_branch and
+    passes X on in else_branch, whose output it declares with the then_branch's rank-1 placeholder. ONNX Runtime
+    runs it (warning of the shape); the check had refused every such export. A declared number still binds."""
+    placeholder = ["Reshape_output_0_dim_0"]
+    branch = lambda op, extra: helper.make_graph(  # noqa: E731
+        [helper.make_node(op, ["X", *extra], ["B"])], op, [], [vi("B", TensorProto.FLOAT, placeholder)])
+    nodes = [helper.make_node("Shape", ["X"], ["S"]), helper.make_node("Size", ["S"], ["R"]),
+             helper.make_node("Equal", ["R", "zero"], ["C"]),
+             helper.make_node("If", ["C"], ["Y"], then_branch=branch("Reshape", ["flat"]),
+                              else_branch=branch("Identity", []))]
+    graph = helper.make_graph(nodes, "g", [vi("X", TensorProto.FLOAT, ["batch", 3])],
+                              [vi("Y", TensorProto.FLOAT, ["batch", 3])],
+                              [tensor("zero", np.array(0, np.int64)), tensor("flat", np.array([-1], np.int64))])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    ort = pytest.importorskip("onnxruntime")
+    expected = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
+    np.testing.assert_array_equal(np.asarray(onnxtrain.load(m).infer({"X": x})["Y"]), expected)
+
+
 @pytest.mark.parametrize("outputs, message", [
     ([("Y", ["N", 3])], r"output 'Y' of graph 'g': dimension 0 \('N'\) is 4, but input 'X' dimension 0 gave 'N' = 2"),
     ([("X2", ["M", 3]), ("Y", ["M", 3])],

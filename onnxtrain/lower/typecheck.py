@@ -126,6 +126,12 @@ def check_declared(info: ValueInfo, value: Value, what: str, sizes: Sizes | None
     if info.elem_type and computed != info.elem_type:
         raise NodeError(f"{what} is declared {type_name(info.elem_type)} but computes {type_name(computed)}")
     declared = info.shape
+    if sizes is None and declared is not None and len(declared) != len(shape) and not any(
+            isinstance(d, int) for d in declared):
+        # a nested graph's rank with no size fixed is the exporter's guess, which ONNX Runtime runs past (it warns):
+        # TorchScript's scatter_reduce declares its If's else_branch (Identity of the rank-3 result) with the
+        # then_branch's rank-1 placeholder ['Reshape/Reshape_1_output_0_dim_0']. A declared number still binds.
+        declared = None
     if declared is not None and (len(declared) != len(shape) or any(
             isinstance(d, int) and d != n for d, n in zip(declared, shape))):
         shown = [d if d is not None else "?" for d in declared]
