@@ -89,7 +89,8 @@ def record_cumulative_averages(module: Any, model: onnx.ModelProto) -> None:
 def warn_fixed_dimensions(dynamic_shapes: Any, model: onnx.ModelProto) -> None:
     """Warn where a dimension `dynamic_shapes` names (torch.export.Dim("seq")) is no input's dimension in the
     export: torch.export specializes a dimension the model's code makes a constant (nn.LSTM's and nn.GRU's
-    length, in torch 2.13), torch.onnx.export then exports with the example's size, and the first batch of
+    length, in torch 2.13, from the second export of one in a process, even of a fresh module, and after
+    torch._dynamo.reset()), torch.onnx.export then exports with the example's size, and the first batch of
     another size would be a FeedError saying the model fixes it, which the user did tell to vary."""
     import torch
 
