@@ -110,8 +110,9 @@ def warn_fixed_dimensions(dynamic_shapes: Any, model: onnx.ModelProto) -> None:
         dims = [[d.dim_param or str(d.dim_value) for d in i.type.tensor_type.shape.dim] for i in model.graph.input]
         shapes = ", ".join(f"{i.name} [{', '.join(d)}]" for i, d in zip(model.graph.input, dims))
         warnings.warn(f"from_torch: dynamic_shapes names {fixed}, but the export fixed them to the example's sizes "
-                      f"({shapes}): torch.export specialized them (the model's code treats them as constants), "
-                      f"so every batch must keep those sizes", stacklevel=3)
+                      f"({shapes}): torch.export specialized them (the model's code treats them as constants; "
+                      "torch 2.13 does so to an nn.LSTM's or nn.GRU's length from its second export in a process: "
+                      "export in a process of its own), so every batch must keep those sizes", stacklevel=3)
 
 
 def name_outputs_by_key(program: Any) -> None:
