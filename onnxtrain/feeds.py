@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import onnx
@@ -34,6 +35,12 @@ def to_array(name: str, value: Any, info: ValueInfo) -> Any:
     try:
         array = np.asarray(value)
     except Exception as exc:  # the object's own __array__ raises what it likes (torch: RuntimeError)
+        try:  # a type NumPy lacks (torch's bfloat16): JAX reads it through DLPack, then copies it, waiting for
+            # the copy: the tensor's memory stays the caller's, and a loop that refills one buffer would change a
+            # step's input while it runs (from_dlpack(copy=True) still shared it on the CPU, jax 0.10)
+            return jnp.array(jax.dlpack.from_dlpack(value), copy=True).block_until_ready()
+        except Exception:  # (no __dlpack__, or it refuses too: the first reason is the one to show)
+            pass
         raise FeedError(f"feed {name!r}: cannot convert {type(value).__name__} to an array ({exc})") from exc
     kind = weak_kind(value)
     if kind is None or not info.elem_type:

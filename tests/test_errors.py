@@ -10,6 +10,8 @@ from onnx import TensorProto, helper
 
 import onnxtrain
 from onnxtrain.errors import ExternalDataError, FeedError, ModelLoadError, UnsupportedOpError
+from onnxtrain.feeds import to_array
+from onnxtrain.ir import ValueInfo
 
 
 def add_model() -> onnx.ModelProto:
@@ -85,6 +87,26 @@ def test_bad_feeds(feeds, message):
     engine = onnxtrain.load(add_model())
     with pytest.raises(FeedError, match=message):
         engine.infer(feeds)
+
+
+def test_a_torch_bfloat16_tensor_feeds_a_bfloat16_input():
+    """NumPy has no bfloat16, so torch's tensor cannot become a NumPy array; JAX reads it through DLPack. One that
+    requires grad is still refused, with torch's own advice (detach)."""
+    torch = pytest.importorskip("torch")
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "x"], ["y"])], "square",
+                              [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2, 3])])
+    engine = onnxtrain.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = torch.linspace(-2, 2, 6).reshape(2, 3).to(torch.bfloat16)
+    y = np.asarray(engine.infer({"x": x})["y"]).astype(np.float32)
+    np.testing.assert_array_equal(y, (x * x).float().numpy())  # bfloat16 products, rounded alike
+    # DLPack shares the tensor's memory (the pointers agree); the feed is a copy, so a loop refilling its one
+    # buffer cannot change a step's input while the step runs
+    assert jax.dlpack.from_dlpack(x).unsafe_buffer_pointer() == x.data_ptr()
+    info = ValueInfo("x", TensorProto.BFLOAT16, (2, 3), graph.input[0].type)
+    assert to_array("x", x, info).unsafe_buffer_pointer() != x.data_ptr()
+    with pytest.raises(FeedError, match=r"feed 'x': cannot convert Tensor to an array \(.*detach"):
+        engine.infer({"x": x.float().requires_grad_().to(torch.bfloat16)})
 
 
 def test_a_traced_feed_is_refused_pointing_to_jax_function():
