@@ -46,13 +46,15 @@ def read_model(source: ModelSource, keep_state: bool = False) -> tuple[onnx.Mode
             raise ModelLoadError(f"model {what} does not exist: {missing}")
         data = read_model_file(path, what)
         folder = path.resolve().parent
+        if path.suffix == ".data":  # torch.onnx.export's and onnxtrain's external data files end so
+            hint = "; it looks like the external data file of a model: load the .onnx file that references it"
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as exc:
         raise ModelLoadError(f"{what} is not an ONNX model (protobuf parse failed: {exc}){hint}") from exc
     if model.ir_version <= 0 or not model.HasField("graph"):
-        raise ModelLoadError(f"{what} is not an ONNX model (no ir_version or graph)")
+        raise ModelLoadError(f"{what} is not an ONNX model (no ir_version or graph){hint}")
     inline_external_data(model, folder, state_tensors(model) if keep_state else ())
     return model, folder
 

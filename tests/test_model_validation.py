@@ -43,6 +43,9 @@ def test_a_path_a_shell_would_have_read_otherwise_says_so(tmp_path, monkeypatch)
         onnxtrain.load(f"{tmp_path / 'm.onnx'}\n")
     with pytest.raises(ModelLoadError, match="bytes are a model's contents: give its path as a str"):
         onnxtrain.load(os.fsencode(tmp_path / "m.onnx"))
+    (tmp_path / "m.onnx.data").write_bytes(np.arange(64, dtype=np.float32).tobytes())  # weights, not a model
+    with pytest.raises(ModelLoadError, match="external data file of a model: load the .onnx file that references"):
+        onnxtrain.load(tmp_path / "m.onnx.data")
     out = onnxtrain.load(os.path.expanduser("~/m.onnx")).infer({"a": np.zeros((2, 3), np.float32)})
     np.testing.assert_array_equal(out["c"], np.ones((2, 3), np.float32))  # the file meant, c = 0 + b
 
