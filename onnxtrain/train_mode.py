@@ -264,14 +264,13 @@ def add_batch_statistics(b: Builder, graph: onnx.GraphProto, original: onnx.Node
     copy.metadata_props.add(key=MIN_VALUES_PER_CHANNEL, value="2")
     copy.output[:] = [y, batch_mean, batch_var]
     b.nodes.append(copy)
-    b.initializers.append(numpy_helper.from_array(np.asarray(1, numpy_helper.to_array(mean).dtype), f"{y}.one"))
     keep, take = averaging_weights(b, graph, original, y, mean.data_type)
     # n / (n - 1), n the values per channel: the unbiased variance PyTorch's running_var averages
     b.node("Size", [copy.input[0]], [f"{y}.size"])
     b.node("Size", [copy.input[1]], [f"{y}.channels"])
     b.node("Div", [f"{y}.size", f"{y}.channels"], [f"{y}.n.int"])
     b.node("Cast", [f"{y}.n.int"], [f"{y}.n"], to=mean.data_type)
-    b.node("Sub", [f"{y}.n", f"{y}.one"], [f"{y}.n-1"])
+    b.node("Sub", [f"{y}.n", b.scalar("one", 1, mean.data_type)], [f"{y}.n-1"])
     b.node("Div", [f"{y}.n", f"{y}.n-1"], [f"{y}.bessel"])
     b.node("Mul", [batch_var, f"{y}.bessel"], [f"{y}.unbiased_var"])
     for stat, batch in ((mean, batch_mean), (var, f"{y}.unbiased_var")):
@@ -299,13 +298,12 @@ def averaging_weights(b: Builder, graph: onnx.GraphProto, original: onnx.NodePro
         # the inference graph would hold one it never reads (ONNX Runtime warns of it, removing it)
         graph.initializer.remove(count)
         b.initializers.append(count)
-        b.initializers.append(numpy_helper.from_array(np.asarray(1, numpy_helper.to_array(count).dtype),
-                                                      f"{counter}.one"))
-        b.node("Add", [counter, f"{counter}.one"], [f"{counter}.next"])
+        b.node("Add", [counter, b.scalar("one", 1, count.data_type)], [f"{counter}.next"])
         b.update(counter, f"{counter}.next", helper.make_tensor_type_proto(count.data_type, []))
         b.node("Cast", [f"{counter}.next"], [f"{y}.batches"], to=elem)
-        b.node("Div", [f"{y}.one", f"{y}.batches"], [take])
-        b.node("Sub", [f"{y}.one", take], [keep])
+        one = b.scalar("one", 1, elem)
+        b.node("Div", [one, f"{y}.batches"], [take])
+        b.node("Sub", [one, take], [keep])
         return keep, take
     momentum = float(attribute(original, "momentum", 0.9))
     if momentum == 1:
