@@ -38,8 +38,7 @@ def from_torch(module: Any, example_inputs: Sequence[Any], *, kwargs: Mapping[st
     if isinstance(example_inputs, Mapping):
         raise AuthoringError("from_torch: example_inputs are forward's positional arguments, a tuple; pass keyword "
                              "arguments as kwargs={...}")
-    averaged = [name for name, m in module.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
-                and m.momentum is None and m.track_running_stats and m.training]
+    averaged = [name for name, bn in cumulative_averages(module) if bn.training]
     if averaged and options.get("train_mode"):  # torch.export would fail on the data-dependent 1 / count
         raise AuthoringError(f"from_torch: BatchNorm {averaged[:3]} (momentum=None) is in train mode, whose "
                              "cumulative average torch.export cannot export; pass the module in eval mode "
@@ -72,18 +71,24 @@ def record_cumulative_averages(module: Any, model: onnx.ModelProto) -> None:
     train_mode would leave its running statistics as they are): its num_batches_tracked as an initializer of that
     name, and on its BatchNormalization the record train_mode trains the average from (NUM_BATCHES_TRACKED),
     optional metadata that leaves the model standard ONNX."""
-    import torch
-
     nodes = {n.input[3]: n for n in model.graph.node if n.op_type == "BatchNormalization" and len(n.input) > 3}
     initializers = {t.name for t in model.graph.initializer}
-    for name, bn in module.named_modules():
+    for name, bn in cumulative_averages(module):
         prefix = f"{name}." if name else ""
         node, counter = nodes.get(f"{prefix}running_mean"), f"{prefix}num_batches_tracked"
-        if (isinstance(bn, torch.nn.modules.batchnorm._BatchNorm) and bn.momentum is None and bn.track_running_stats
-                and node is not None and counter not in initializers):
+        if node is not None and counter not in initializers:
             count = np.asarray(bn.num_batches_tracked.detach().cpu().numpy(), np.int64)
             model.graph.initializer.append(numpy_helper.from_array(count, counter))
             node.metadata_props.add(key=NUM_BATCHES_TRACKED, value=counter)
+
+
+def cumulative_averages(module: Any) -> list[tuple[str, Any]]:
+    """The module's BatchNorms with momentum=None that track running statistics (PyTorch's cumulative average),
+    with their names."""
+    import torch
+
+    return [(name, m) for name, m in module.named_modules()
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.momentum is None and m.track_running_stats]
 
 
 def warn_fixed_dimensions(dynamic_shapes: Any, model: onnx.ModelProto) -> None:
