@@ -118,7 +118,8 @@ def check_outputs(graph: Graph, values: Mapping[str, Value], sizes: Sizes) -> No
 
 def check_declared(info: ValueInfo, value: Value, what: str, sizes: Sizes | None = None) -> None:
     """`value` as the model sees it (a Scope's, channels first); `sizes`: the dim_params bound so far, which
-    this value's add to (None: a dim_param matches any size)."""
+    this value's add to. None for a nested graph's output (walker.Subgraph): a dim_param matches any size there,
+    and a rank declared without any number is the exporter's guess (below)."""
     dtype, shape = getattr(value, "dtype", None), getattr(value, "shape", None)
     if isinstance(value, list) or dtype is None or shape is None or info.elem_type is None:
         return  # a sequence, an absent optional, a declaration that is not a tensor's
