@@ -129,3 +129,70 @@ def test_a_torchscript_while_runs_in_jax_function():
     with jax.enable_x64(True):
         ours = np.asarray(fn(params, {"x": x})["y"])
     np.testing.assert_allclose(ours, module(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+class HigherOrderOps(torch.nn.Module):
+    """torch's control-flow operators, which the dynamo exporter turns into If, Loop and Scan: `torch.cond` on the
+    data, a `while_loop` over a counter (carried, as torch.export needs), and a `scan` over the sequence axis, each
+    through the same Linear. `unrolled` computes the same in plain Python: the reference, since torch 2.13's own
+    while_loop backward gives a closed-over parameter the wrong gradient when the carried value needs none, as
+    the input here (the family of pytorch/pytorch#184528, fixed there for scan): onnxtrain's gradients are the
+    unrolled module's, torch's while_loop's are not."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell, self.other, self.head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+
+    def forward(self, xs):
+        from torch._higher_order_ops import scan, while_loop
+
+        x = xs[0]
+        _, h = while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, torch.tanh(self.cell(v))),
+                          (torch.zeros((), dtype=torch.int64), x))
+        h = torch.cond(x.sum() > 0, lambda v: torch.tanh(self.cell(v)), lambda v: torch.relu(self.other(v)), (h,))
+
+        def step(v, x_t):
+            v = torch.tanh(self.cell(v) + x_t)
+            return v.clone(), v.clone()
+
+        h, ys = scan(step, h, xs, dim=0)
+        return self.head(ys.mean(0) + h)
+
+    def unrolled(self, xs):
+        x = h = xs[0]
+        for _ in range(3):
+            h = torch.tanh(self.cell(h))
+        h = torch.tanh(self.cell(h)) if x.sum() > 0 else torch.relu(self.other(h))
+        ys = []
+        for x_t in xs:
+            h = torch.tanh(self.cell(h) + x_t)
+            ys.append(h)
+        return self.head(torch.stack(ys).mean(0) + h)
+
+
+def test_torch_control_flow_operators_train_as_their_unrolled_module():
+    """If (both branches taken over the steps), Loop and Scan from the dynamo exporter, differentiated through."""
+    torch.manual_seed(0)
+    module = HigherOrderOps().eval()
+    rng = np.random.default_rng(0)
+    xs = rng.normal(size=(4, 3, 4)).astype(np.float32)
+    target = rng.normal(size=(3, 1)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = onnxtrain.from_torch(module, (torch.from_numpy(xs),), input_names=["xs"], loss="mse",
+                                     optimizer="sgd", learning_rate=0.1)
+    assert {"If", "Loop", "Scan"} <= {node.op_type for node in model.graph.node}
+    engine = onnxtrain.load(model)
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    for sign in (1, -1, 1):  # the If's condition: the first element's sum, positive then negative
+        feed = xs.copy()
+        feed[0] = sign * np.abs(feed[0])
+        loss = float(engine.train_step({"xs": feed, "target": target})["loss"])
+        opt.zero_grad()
+        expected = torch.nn.functional.mse_loss(module.unrolled(torch.from_numpy(feed)), torch.from_numpy(target))
+        expected.backward()
+        opt.step()
+        np.testing.assert_allclose(loss, expected.item(), rtol=1e-5)
+    for name, value in module.named_parameters():
+        np.testing.assert_allclose(np.asarray(engine.state[name]), value.detach().numpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
