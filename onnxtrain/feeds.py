@@ -14,6 +14,7 @@ from .dtypes import np_dtype, type_name, onnx_type
 from .errors import FeedError
 from .ir import ValueInfo
 from .lower.build import value_info
+from .lower.typecheck import Sizes, bind_dim_param
 
 
 # Python numbers are weakly typed (NumPy's NEP 50, JAX's weak types): a number, or nested lists of them, fed for a
@@ -99,7 +100,7 @@ def check_feeds(
     missing = [v.name for v in required if v.name not in feeds]
     if missing:
         raise FeedError(f"missing feed(s) {missing}; the model requires {[v.name for v in required]}")
-    symbols: dict[str, tuple[int, str]] = {}
+    symbols: Sizes = {}
     converted = {}
     for name, value in feeds.items():
         converted[name] = checked(name, value, declared[name], symbols)
@@ -109,7 +110,7 @@ def check_feeds(
     return converted
 
 
-def checked(name: str, value: Any, info: ValueInfo, symbols: dict[str, tuple[int, str]]) -> Any:
+def checked(name: str, value: Any, info: ValueInfo, symbols: Sizes) -> Any:
     """`value` converted and checked against the type of `info`: a tensor by `check_one`; a sequence as a list,
     each element against the element type (its named dimensions its own: elements may differ in shape); an
     optional as None (empty) or as its element type; a map by `checked_map`."""
@@ -200,7 +201,7 @@ def array_signature(feeds: Mapping[str, Any]) -> tuple | None:
     return tuple(signature)
 
 
-def check_one(name: str, info: ValueInfo, value: Any, symbols: dict[str, tuple[int, str]]) -> None:
+def check_one(name: str, info: ValueInfo, value: Any, symbols: Sizes) -> None:
     """A tensor feed (`name`: the feed, or a sequence's element) against the tensor type of `info`."""
     if not info.elem_type:
         return
@@ -226,13 +227,8 @@ def check_one(name: str, info: ValueInfo, value: Any, symbols: dict[str, tuple[i
                 f"the model fixes that size (an export keeps its example's sizes unless told which vary: "
                 f"torch.onnx.export's and from_torch's dynamic_shapes=, dynamic_axes= with dynamo=False)"
             )
-        if isinstance(want, str):
-            seen = symbols.setdefault(want, (got, f"{name!r} dimension {axis}"))
-            if seen[0] != got:
-                raise FeedError(
-                    f"feed {name!r}: dimension {axis} ({want!r}) is {got}, "
-                    f"but {seen[1]} gave {want!r} = {seen[0]}"
-                )
+        if isinstance(want, str) and (conflict := bind_dim_param(symbols, want, got, repr(name), axis)):
+            raise FeedError(f"feed {name!r}: {conflict}")
 
 
 def format_shape(shape: tuple) -> str:

@@ -93,6 +93,17 @@ def check_input_types(node: "Node", args: Sequence[Value]) -> None:
 Sizes = dict[str, tuple[int, str]]
 
 
+def bind_dim_param(sizes: Sizes, name: str, size: int, what: str, axis: int) -> str | None:
+    """Binds dim_param `name`, met at dimension `axis` of `what`, to `size` in `sizes`: the first size a name meets
+    wins (IR.md: one size across the model). Returns the conflict where an earlier binding differs ("dimension 1
+    ('N') is 4, but input 'X' dimension 0 gave 'N' = 2"), for the caller to raise as its own error (feeds.py: a
+    FeedError per call; check_declared: a NodeError at trace), else None."""
+    given, where = sizes.setdefault(name, (size, f"{what} dimension {axis}"))
+    if given == size:
+        return None
+    return f"dimension {axis} ({name!r}) is {size}, but {where} gave {name!r} = {given}"
+
+
 def input_sizes(graphs: Sequence[Graph], values: Mapping[str, Value]) -> Sizes:
     """The size each dim_param of the graphs' inputs has in this run (the feeds agree: feeds.py checked them)."""
     sizes: Sizes = {}
@@ -102,8 +113,8 @@ def input_sizes(graphs: Sequence[Graph], values: Mapping[str, Value]) -> Sizes:
             if info.shape is None or shape is None or isinstance(values[info.name], list):
                 continue
             for axis, (want, got) in enumerate(zip(info.shape, shape)):
-                if isinstance(want, str):
-                    sizes.setdefault(want, (got, f"input {info.name!r} dimension {axis}"))
+                if isinstance(want, str):  # a conflict is not this check's: the first size wins, as in feeds.py
+                    bind_dim_param(sizes, want, got, f"input {info.name!r}", axis)
     return sizes
 
 
@@ -138,10 +149,7 @@ def check_declared(info: ValueInfo, value: Value, what: str, sizes: Sizes | None
         shown = [d if d is not None else "?" for d in declared]
         raise NodeError(f"{what} is declared of shape {shown} but computes {list(shape)}")
     for axis, (want, got) in enumerate(zip(declared or (), shape)):
-        if isinstance(want, str) and sizes is not None:
-            given, where = sizes.setdefault(want, (got, f"{what} dimension {axis}"))
-            if given != got:
-                raise NodeError(f"{what}: dimension {axis} ({want!r}) is {got}, but {where} gave {want!r} = {given}: "
-                                "a dim_param names one size across the model, so the declaration is wrong (an "
-                                "export's dynamic_axes naming an output dimension after an input's that it does "
-                                "not follow, say); re-export naming it apart, or leave it unnamed")
+        if isinstance(want, str) and sizes is not None and (conflict := bind_dim_param(sizes, want, got, what, axis)):
+            raise NodeError(f"{what}: {conflict}: a dim_param names one size across the model, so the declaration "
+                            "is wrong (an export's dynamic_axes naming an output dimension after an input's that it "
+                            "does not follow, say); re-export naming it apart, or leave it unnamed")
