@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Sequence, TypeVar
 
 import numpy as np
 import onnx
@@ -256,10 +256,18 @@ def check_input_count(proto: onnx.NodeProto, schema: onnx.defs.OpSchema, label: 
     if not least <= count <= most:
         takes = f"at least {least}" if most >= 2**31 - 1 else f"{least}" if least == most else f"{least} to {most}"
         raise ModelLoadError(f"{label} has {count} inputs, but {version} takes {takes}")
+    missing = missing_required(schema, [bool(name) for name in proto.input])
+    if missing:
+        raise ModelLoadError(f"input {missing[0]} ({schema.inputs[missing[0]].name!r}) of {label} is required by "
+                             f"{version} but left empty")
+
+
+def missing_required(schema: onnx.defs.OpSchema, given: Sequence[bool]) -> list[int]:
+    """The positions of the schema's required (Single) inputs among the node's that `given` (one flag each) says
+    are not given: a name left empty at load (check_input_count), no value at trace (walker.check_required_present)."""
     single = onnx.defs.OpSchema.FormalParameterOption.Single
-    for i, (name, formal) in enumerate(zip(proto.input, schema.inputs)):
-        if not name and formal.option == single:
-            raise ModelLoadError(f"input {i} ({formal.name!r}) of {label} is required by {version} but left empty")
+    return [i for i, (present, formal) in enumerate(zip(given, schema.inputs))
+            if not present and formal.option == single]
 
 
 def check_call_inputs(proto: onnx.NodeProto, function: onnx.FunctionProto, label: str) -> None:

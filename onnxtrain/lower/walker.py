@@ -17,7 +17,7 @@ from ..errors import NodeError, OnnxTrainError, StaticValueRequired
 from ..ir import Graph, Node
 from . import layout
 from .autocast import MixedPrecision, autocasting
-from .build import FunctionId, Resolver, build_node, raise_if_missing
+from .build import FunctionId, Resolver, build_node, missing_required, raise_if_missing
 from .layout import channels_first, channels_first_results
 from .constants import hoisting, with_hoisted
 from .registry import schema_for
@@ -89,6 +89,7 @@ class TraceContext:
     training: bool = False  # True inside train_step: Dropout without a training_mode input drops
     step: Any = None  # the train step count (traced) inside train_step, else None
     iterations: tuple = ()  # the (traced) iteration of each enclosing loop, outermost first
+    in_function: bool = False  # inside a function body, where an input the call left out has no value
     draws: Draws = field(default_factory=Draws)
     mixed_precision: MixedPrecision | None = None  # load's option: the products' compute type (lower/autocast.py)
     remat: bool | str = False  # load's option: what Gradient recomputes of its forward slice (ops/training.py)
@@ -213,16 +214,18 @@ def call_reordered(
 
 
 def check_required_present(node: "Node", args: Sequence[Value]) -> None:
-    """A required input has a value: in a function body it may name an input the call left out (build.py allows
-    fewer, as absent optional inputs), which the lowering would receive as None (a TypeError)."""
+    """A required input of a function body's node has a value: it may name an input the call left out (build.py
+    allows fewer, as absent optional inputs), which the lowering would receive as None (a TypeError). Only there:
+    elsewhere a name left empty is refused at load (build.check_input_count), and None is an empty optional's value."""
     schema = schema_for(node.domain, node.op_type, node.opset)
     if schema is None:
         return
-    single = onnx.defs.OpSchema.FormalParameterOption.Single
-    for i, (name, formal, value) in enumerate(zip(node.inputs, schema.inputs, args)):
-        if value is None and formal.option == single:
-            raise NodeError(f"{node.label}: input {i} ({formal.name!r}) of {node.op_type}-{schema.since_version} is "
-                            f"required, but {name!r} has no value (an input the function call did not pass)")
+    missing = missing_required(schema, [value is not None for value in args])
+    if missing:
+        i = missing[0]
+        raise NodeError(f"{node.label}: input {i} ({schema.inputs[i].name!r}) of {node.op_type}-"
+                        f"{schema.since_version} is required, but {node.inputs[i]!r} has no value (an input the "
+                        "function call did not pass)")
 
 
 def value_name_of(node: "Node", formal_input: str) -> str | None:
@@ -239,7 +242,8 @@ def call_node(
     node: "Node", args: list[Value], scope: Scope, trace: TraceContext, siblings: Sequence["Node"], position: int
 ) -> Any:
     check_node(node, args)
-    check_required_present(node, args)
+    if trace.in_function:
+        check_required_present(node, args)
     if node.impl is None:
         return call_function(node, [channels_first(a) for a in args], trace)
     def bound(graph: Graph, attribute: str) -> Subgraph:
@@ -329,7 +333,7 @@ def call_function(node: "Node", args: list[Value], trace: TraceContext) -> tuple
         scope[name] = None
     scope.values.setdefault("", None)
     with hoisting({}):  # a body's value names are its own: none of them is a program argument
-        run_nodes(body, scope, trace)
+        run_nodes(body, scope, dataclasses.replace(trace, in_function=True))
     return tuple(read_value(scope, name, f"output of function {function.name!r}") for name in function.output)
 
 
