@@ -121,7 +121,8 @@ def outside_error(location: str, label: str) -> ExternalDataError:
 
 
 def confined_path(location: str, folder: Path, label: str) -> Path:
-    """`location` resolved (symlinks included) inside `folder`, else ExternalDataError."""
+    """`location` resolved (symlinks included) inside `folder`, else ExternalDataError. `folder` is resolved
+    already, once per model (read_model's), not again per tensor: one that is not could only refuse more."""
     if not location:
         raise ExternalDataError(f"{label}: external data has no location")
     if "\0" in location:
@@ -133,7 +134,7 @@ def confined_path(location: str, folder: Path, label: str) -> Path:
         target = (folder / location).resolve()
     except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
         raise ExternalDataError(f"{label}: external data location {location!r} cannot be resolved: {exc}") from exc
-    if not target.is_relative_to(folder.resolve()):
+    if not target.is_relative_to(folder):
         raise outside
     return target
 
@@ -156,8 +157,8 @@ Stamp = tuple[int, int, int, int, int]
 
 @contextlib.contextmanager
 def tensor_range(tensor: TensorProto, label: str, folder: Path) -> Iterator[tuple[BinaryIO, int, Stamp]]:
-    """The confined external-data file of `tensor`, open and checked to hold its bytes, positioned at their start;
-    how many bytes its dims and type need; and the file's stamp."""
+    """The confined external-data file of `tensor` in `folder` (resolved: confined_path), open and checked to hold
+    its bytes, positioned at their start; how many bytes its dims and type need; and the file's stamp."""
     found = entries(tensor, label)
     location = found.get("location", "")
     target = confined_path(location, folder, label)
@@ -175,7 +176,7 @@ def tensor_range(tensor: TensorProto, label: str, folder: Path) -> Iterator[tupl
         # The file opened, not the path resolved before: a folder or the file swapped for a link out of the folder
         # in between is opened through it. Where the system cannot name an open file, that window stays.
         opened = opened_path(file)
-        if opened is not None and not opened.is_relative_to(folder.resolve()):
+        if opened is not None and not opened.is_relative_to(folder):
             raise outside_error(location, label)
         # Without a length the data runs to the end of the file (onnx's rule), so the rest must be exactly it.
         end_mismatch = size != offset + needed if length is None else size < offset + needed
@@ -205,7 +206,7 @@ class ExternalValues:
     every later one must find the same, so a file changed since load is refused, never trained from."""
 
     def __init__(self, folder: Path):
-        self.folder = folder
+        self.folder = folder  # resolved, read_model's
         self.stamps: dict[str, Stamp] = {}
 
     def value(self, tensor: TensorProto, label: str) -> np.ndarray:
@@ -248,8 +249,9 @@ def hold_inline(tensor: TensorProto, data: bytes) -> None:
 
 def inline_external_data(model: onnx.ModelProto, folder: Path | None, keep: Sequence[TensorProto] = ()) -> None:
     """Replace every external reference of `model` by the bytes it names, except those of the tensors in `keep`,
-    which are only checked (ExternalValues reads them later); `folder` None (the model came as bytes or a
-    ModelProto) refuses any, since a relative location would otherwise resolve against the working dir."""
+    which are only checked (ExternalValues reads them later). `folder` is resolved (confined_path); None (the model
+    came as bytes or a ModelProto) refuses any, since a relative location would otherwise resolve against the
+    working dir."""
     kept = {id(t) for t in keep}  # `keep` holds its messages, so their ids name them for the walk
     for label, tensor in model_tensors(model):
         if not is_external(tensor):

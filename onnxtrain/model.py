@@ -24,8 +24,9 @@ ModelSource = str | os.PathLike | bytes | onnx.ModelProto
 
 
 def read_model(source: ModelSource, keep_state: bool = False) -> tuple[onnx.ModelProto, Path | None]:
-    """Parse `source` and inline its external data; returns the proto and the folder it was read from. A model
-    given as bytes or a ModelProto has no folder, so external data in it is refused (see external_data.py).
+    """Parse `source` and inline its external data; returns the proto and the folder it was read from, resolved
+    here once for every external data check (external_data.confined_path). A model given as bytes or a ModelProto
+    has no folder, so external data in it is refused (see external_data.py).
     `keep_state`: the external data of the state variables that with_state replaces on export (`state_tensors`)
     stays where it is, checked, for an ExternalValues of the folder to read."""
     if isinstance(source, onnx.ModelProto):
