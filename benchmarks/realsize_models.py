@@ -3,7 +3,8 @@ weights, nothing downloaded) and ResNet-18 / MobileNetV3-small written in plain 
 not load beside the CPU build of torch this project tests with).
 
 Each model is a `Case`: a module returning class logits [batch, classes] (a language model's last position, so
-every peer trains the same cross-entropy on integer labels) and a function making its named inputs. Dropout is
+every peer trains the same cross-entropy on integer labels), or a language model's logits at every position
+[batch, positions, vocabulary] with a next-token label per position, and a function making its named inputs. Dropout is
 off (probability 0) so a train step computes the same function in every peer; BatchNorm modules stay in eval
 mode (PyTorch's `eval()`, the statistics an eval-mode ONNX export carries), i.e. fine-tuning with frozen
 statistics.
@@ -24,6 +25,23 @@ class Case:
     module: Callable[[], nn.Module]  # builds the module with seeded random weights
     inputs: Callable[[int, np.random.Generator], dict[str, np.ndarray]]  # batch -> named inputs, in call order
     classes: int
+    positions: int = 0  # a language model's: its logits [batch, positions, classes], one label per position
+    timed: bool = True  # in realsize.py's default set (agreement.py's holds every case)
+
+    def labels(self, batch: int, rng: np.random.Generator) -> np.ndarray:
+        """A class per example, or per position of a language model, whose last two are -100 (a padded batch's
+        label, as Hugging Face's collators write it), which both peers' cross-entropy ignores."""
+        if not self.positions:
+            return rng.integers(0, self.classes, batch).astype(np.int64)
+        labels = rng.integers(0, self.classes, (batch, self.positions)).astype(np.int64)
+        labels[:, -2:] = -100
+        return labels
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """PyTorch's cross-entropy over the last axis, as make_trainable's `class_axis=-1` (torch wants the classes
+    on axis 1: a language model's [batch, positions, vocabulary] is moved; [batch, classes] stays)."""
+    return nn.functional.cross_entropy(logits.movedim(-1, 1), labels)
 
 
 class LastPosition(nn.Module):
@@ -65,11 +83,19 @@ def bert() -> nn.Module:
     return Logits(BertForSequenceClassification(config))
 
 
-def gpt2() -> nn.Module:
+def gpt2_lm_head() -> nn.Module:
+    """GPT-2 124M with its language-model head, tied to the token embedding as GPT2LMHeadModel ties it."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    return LastPosition(GPT2LMHeadModel(config))
+    return GPT2LMHeadModel(GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+
+
+def gpt2() -> nn.Module:
+    return LastPosition(gpt2_lm_head())
+
+
+def gpt2_lm() -> nn.Module:
+    return Logits(gpt2_lm_head())
 
 
 def t5() -> nn.Module:
@@ -170,6 +196,8 @@ CASES: dict[str, Case] = {
     "t5-small": Case(t5, token_inputs(32128, input_ids=128, decoder_input_ids=32), 32128),
     "resnet18": Case(resnet18, image_inputs, 1000),
     "mobilenetv3-small": Case(mobilenet_v3_small, image_inputs, 1000),
+    # trained as a language model: next-token loss at all 128 positions through the tied head
+    "gpt2-lm": Case(gpt2_lm, token_inputs(50257, input_ids=128), 50257, positions=128, timed=False),
 }
 
 
