@@ -115,10 +115,14 @@ def decayed(update: Update, params: list[str], ranks: Mapping[str, int]) -> list
         return list(params)
     excluded = [p for p in params if re.search(update.no_decay, p)]
     if not excluded:
-        raise AuthoringError(f"no_decay: no trainable parameter's name contains a match of {update.no_decay!r} "
-                             f"(parameters: {params[:20]}); no_decay=True leaves out every parameter of rank <= 1 "
-                             f"(biases and norm weights, whatever their names: Llama's norms are not LayerNorm)")
+        raise no_decay_matches_nothing(update.no_decay, params)
     return [p for p in params if p not in excluded]
+
+
+def no_decay_matches_nothing(pattern: str, names: list[str]) -> AuthoringError:
+    return AuthoringError(f"no_decay: no trainable parameter's name contains a match of {pattern!r} (parameters: "
+                          f"{names[:20]}); no_decay=True leaves out every parameter of rank <= 1 (biases and norm "
+                          f"weights, whatever their names: Llama's norms are not LayerNorm)")
 
 
 def add_update(b: Builder, params: list[str], weights: dict[str, np.ndarray], update: Update,

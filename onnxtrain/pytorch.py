@@ -13,6 +13,8 @@ from onnx import numpy_helper
 
 from .authoring import make_trainable
 from .errors import AuthoringError
+from .optimizers import no_decay_matches_nothing
+from .parameters import check_pattern
 from .train_mode import NUM_BATCHES_TRACKED
 
 
@@ -28,8 +30,9 @@ def from_torch(module: Any, example_inputs: Sequence[Any], *, kwargs: Mapping[st
     `labels=`), as torch.onnx.export's. Without `output_names`, the outputs of a forward that returns a dict or a
     ModelOutput are named after its keys (`loss`, `logits`: `prediction="logits"`, `loss="output:loss"`), where the
     exporter names them after the op that made them (`linear_7`). `options` go to make_trainable (loss,
-    optimizer, ...); with train_mode=True, a BatchNorm with momentum=None trains its cumulative average
-    (record_cumulative_averages), which no export holds."""
+    optimizer, ...), a `no_decay` pattern searched in the names named_parameters() gives; with train_mode=True,
+    a BatchNorm with momentum=None trains its cumulative average (record_cumulative_averages), which no export
+    holds."""
     import torch
 
     if "trainable" in options:
@@ -60,9 +63,27 @@ def from_torch(module: Any, example_inputs: Sequence[Any], *, kwargs: Mapping[st
     for name, parameter in module.named_parameters(remove_duplicate=False):
         names_of.setdefault(id(parameter), []).append(name)
         required[id(parameter)] = parameter.requires_grad
-    trainable = [next(n for n in names if n in initializers) for key, names in names_of.items()
-                 if required[key] and any(n in initializers for n in names)]
-    return make_trainable(model, trainable=trainable, **options)
+    # each trained parameter's initializer, by the name named_parameters() gives it (a tied one's first)
+    kept = {names[0]: next(n for n in names if n in initializers) for key, names in names_of.items()
+            if required[key] and any(n in initializers for n in names)}
+    if isinstance(options.get("no_decay"), str):
+        options["no_decay"] = no_decay_by_module_names(options["no_decay"], kept)
+    return make_trainable(model, trainable=list(kept.values()), **options)
+
+
+def no_decay_by_module_names(pattern: str, kept: Mapping[str, str]) -> str:
+    """`no_decay` searched in the parameters' names as named_parameters() gives them, as torch's parameter groups
+    and Hugging Face's Trainer search them, as a pattern of their initializers' names (`kept`: module name ->
+    initializer). A tied parameter's initializer has whichever of its names the exporter kept (GPT-2's wte is
+    lm_head.weight): r"bias|wte" had decayed GPT-2's embedding, which torch's groups exempt. The pattern stays as
+    it is where it picks the same parameters either way."""
+    check_pattern("no_decay", pattern)
+    exempt = sorted(initializer for name, initializer in kept.items() if re.search(pattern, name))
+    if not exempt:
+        raise no_decay_matches_nothing(pattern, list(kept))
+    if exempt == sorted(n for n in kept.values() if re.search(pattern, n)):
+        return pattern
+    return "^(?:" + "|".join(map(re.escape, exempt)) + ")$"
 
 
 def record_cumulative_averages(module: Any, model: onnx.ModelProto) -> None:

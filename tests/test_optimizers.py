@@ -5,7 +5,7 @@ names and holding its weights (what torch.onnx.export(..., dynamo=True, optimize
 
 from __future__ import annotations
 
-import copy
+import re
 import subprocess
 import sys
 import warnings
@@ -176,6 +176,45 @@ def test_no_decay_goes_by_the_parameters_rank_before_the_export_reshaped_it(dyna
     expected, _, _ = train_torch([(x.numpy(), t.numpy())] * STEPS,
                                  lambda m: torch.optim.AdamW(groups(m, rank_at_most_1, 2.0), lr=0.05), m=m)
     np.testing.assert_allclose(losses, expected, rtol=1e-4)
+
+
+class Tied(torch.nn.Module if torch else object):
+    """An embedding tied to the output projection: named_parameters() calls the table embed.weight, the export keeps
+    it as head.weight."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.norm, self.head = torch.nn.Embedding(10, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 10)
+        self.head.weight = self.embed.weight
+        with torch.no_grad():
+            self.norm.weight.add_(0.1 * torch.randn(4))  # off 1 and 0: the export would merge equal values
+            self.norm.bias.add_(0.1 * torch.randn(4))
+
+    def forward(self, ids):
+        return self.head(self.norm(self.embed(ids)))
+
+
+def test_from_torch_searches_no_decay_in_the_names_torchs_groups_see():
+    """A tied parameter's initializer has the name the exporter kept (head.weight); torch's groups, as Hugging Face's
+    Trainer, search named_parameters()'s (embed.weight): r"bias|embed" exempts the table there, and had decayed it
+    in from_torch. A pattern that matches the kept name alone exempts nothing in torch: refused, naming the names."""
+    ids, target = torch.tensor([[1, 2, 3, 1]]), torch.randn(1, 4, 10, generator=torch.Generator().manual_seed(1))
+    pattern = r"bias|embed"
+    model = onnxtrain.from_torch(Tied(), (ids,), loss="mse", optimizer="adamw", learning_rate=0.05,
+                                 weight_decay=2.0, no_decay=pattern)
+    assert [t.name for t in model.graph.initializer if t.name.endswith(".weight")] == ["norm.weight", "head.weight"]
+    engine = onnxtrain.load(model)
+    losses = [float(engine.train_step({model.graph.input[0].name: ids.numpy(), "target": target.numpy()})["loss"])
+              for _ in range(STEPS)]
+    m = Tied()
+    make = lambda m: torch.optim.AdamW(groups(m, lambda n, p: re.search(pattern, n), 2.0), lr=0.05)  # noqa: E731
+    expected, parameters, _ = train_torch([(ids.numpy(), target.numpy())] * STEPS, make, m=m)
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(engine.state["head.weight"]), parameters["embed.weight"], rtol=1e-5,
+                               atol=ATOL)
+    with pytest.raises(AuthoringError, match=r"match of 'head.weight' \(parameters: \['embed.weight', "):
+        onnxtrain.from_torch(Tied(), (ids,), optimizer="adamw", no_decay="head.weight")
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
