@@ -251,14 +251,16 @@ def make_trainable(
     named as the ai.onnx.preview.training op's attributes (Adam: alpha = beta1, beta = beta2, epsilon; torch's
     defaults 0.9, 0.999, 1e-8). `weight_decay`: torch's (L2 added to the gradient; decoupled for "adamw", whose
     default is 0.01). `no_decay`: parameters left undecayed, a regular expression searched in their names
-    (Hugging Face's r"bias|LayerNorm\\.weight") or True for every parameter of rank <= 1 (biases and norm
-    weights). `clip_grad_norm`: torch.nn.utils.clip_grad_norm_'s max_norm. `accumulate=k`: one update per k
-    train steps from the mean of their gradients, as a big batch of those k (equal-sized) micro-batches; the
-    rate fed with the k-th is the one used. `train_mode=True` trains as PyTorch's `module.train()`: batch
-    statistics and running-statistics updates in BatchNormalization, Dropout dropping, while the inference graph
-    stays in eval mode (onnxtrain/train_mode.py). `padding_idx={table: row}`: embedding rows that get no
-    gradient, as PyTorch's `nn.Embedding(padding_idx=row)` gives them none (onnxtrain/embedding_padding.py); by
-    default the rows the dynamo exporter records, which a TorchScript export does not (pass them); {} for none.
+    (Hugging Face's example scripts' r"bias|LayerNorm\\.weight", which names BERT's norms, not GPT-2's ln_1) or
+    True for every parameter of rank <= 1 (biases and norm weights, whatever their names: the Trainer's rule).
+    `clip_grad_norm`: torch.nn.utils.clip_grad_norm_'s max_norm. `accumulate=k`: one update per k train steps
+    from the mean of their gradients, as a big batch of those k (equal-sized: for a cross-entropy with ignored
+    labels, equally many labels that count) micro-batches; the rate fed with the k-th is the one used.
+    `train_mode=True` trains as PyTorch's `module.train()`: batch statistics and running-statistics updates in
+    BatchNormalization, Dropout dropping, while the inference graph stays in eval mode (onnxtrain/train_mode.py).
+    `padding_idx={table: row}`: embedding rows that get no gradient, as PyTorch's `nn.Embedding(padding_idx=row)`
+    gives them none (onnxtrain/embedding_padding.py); by default the rows the dynamo exporter records, which a
+    TorchScript export does not (pass them); {} for none.
 
     Mixed precision is not a make_trainable option: it is how a runtime computes the graph, not part of it, so
     the model stays plain float32 ONNX; choose it when running: `load(model, mixed_precision="bfloat16")`."""
