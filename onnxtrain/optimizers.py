@@ -143,8 +143,8 @@ def add_update(b: Builder, params: list[str], weights: dict[str, np.ndarray], up
     values = {p: p for p in params}  # what the rule updates: AdamW decays the parameters first
     if update.optimizer == "adamw":
         values.update(decay_parameters(b, to_decay, elems, update.weight_decay))
-    else:
-        grads.update(decay_gradients(b, to_decay, grads, elems, update.weight_decay))
+    else:  # a new mapping: `grads` may be `accumulated`, whose sums carry on to the next micro-batch undecayed
+        grads = {**grads, **decay_gradients(b, to_decay, grads, elems, update.weight_decay)}
     if update.optimizer in ("adam", "adamw"):
         adam(b, params, values, grads, weights, elems, update.options)
     elif update.optimizer == "sgd":

@@ -228,13 +228,33 @@ def test_clip_grad_norm_matches_torch(optimizer):
     assert_same_training(train_onnxtrain(data, optimizer=optimizer, clip_grad_norm=max_norm), theirs)
 
 
+def micro_batches(big: list[tuple[np.ndarray, np.ndarray]], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each batch in k equal parts, in order."""
+    rows = len(big[0][0]) // k
+    return [(x[i * rows:(i + 1) * rows], t[i * rows:(i + 1) * rows]) for x, t in big for i in range(k)]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_accumulation_with_coupled_weight_decay_equals_one_big_batch(optimizer):
+    """accumulate=2 with torch's coupled weight decay and no clipping: the decay joins the gradient once per update.
+    The accumulators had carried the decayed gradient on (the decay wrote into the accumulated gradients' mapping),
+    so every micro-batch added weight_decay * param: k times torch's decay."""
+    k = 2
+    big = batches(STEPS)
+    losses, state, _ = train_onnxtrain(micro_batches(big, k), optimizer=optimizer, weight_decay=0.5, accumulate=k)
+    make = {"sgd": lambda m: torch.optim.SGD(m.parameters(), lr=LR, weight_decay=0.5),
+            "adam": lambda m: torch.optim.Adam(m.parameters(), lr=LR, weight_decay=0.5)}[optimizer]
+    mean_losses = np.mean(np.reshape(losses, (STEPS, k)), axis=1)  # the big batch's mean loss
+    assert_same_training((mean_losses, state), train_torch(big, make))
+
+
 def test_accumulation_equals_one_big_batch():
     """accumulate=2 over micro-batches of 4 rows == torch on the batches of 8 they make (AdamW with no-decay
     groups, clipping, and a learning-rate schedule). Only the rate fed with an update's last micro-batch counts,
     so the first micro-batch gets a rate that would wreck training if it were used."""
     k, max_norm = 2, 0.5
     big = batches(STEPS)
-    micro = [(x[i * 4:(i + 1) * 4], t[i * 4:(i + 1) * 4]) for x, t in big for i in range(k)]
+    micro = micro_batches(big, k)
     schedule = [LR * (1 - u / STEPS) for u in range(STEPS)]
     rates = [np.float32(schedule[i // k]) if i % k == k - 1 else np.float32(100.0) for i in range(len(micro))]
 
