@@ -309,6 +309,32 @@ def test_label_smoothing_trains_as_pytorchs(opset, class_axis, ignore_index):
     np.testing.assert_allclose(np.asarray(engine.state["W"]), weight.detach().numpy(), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_a_batch_whose_labels_are_all_ignored_leaves_the_weights_as_pytorchs(label_smoothing):
+    """Every label -100 (a Hugging Face batch of prompts alone): torch's loss is 0 / 0, NaN, and its gradient zero,
+    so an SGD step keeps the weights. The gradient had been NaN (1 / 0 times zero gradients) and the step made
+    every weight NaN."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(6, 5)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])], "scores",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3, 6])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3, 5])], [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="cross_entropy", class_axis=-1, optimizer="sgd",
+                                                     learning_rate=0.5, label_smoothing=label_smoothing))
+    x, labels = rng.normal(size=(2, 3, 6)).astype(np.float32), np.full((2, 3), -100, np.int64)
+    loss = float(engine.train_step({"X": x, "target": labels})["loss"])
+    weight = torch.from_numpy(w.copy()).requires_grad_()
+    expected = F.cross_entropy((torch.from_numpy(x) @ weight).reshape(-1, 5), torch.from_numpy(labels).reshape(-1),
+                               label_smoothing=label_smoothing)
+    expected.backward()
+    assert np.isnan(loss) and np.isnan(expected.item())
+    np.testing.assert_array_equal(np.asarray(engine.state["W"]), w - 0.5 * weight.grad.numpy())
+
+
 @pytest.mark.parametrize("options, message", [
     ({"loss": "mse", "label_smoothing": 0.1}, "label_smoothing apply to loss='cross_entropy', not 'mse'"),
     ({"loss": "cross_entropy", "label_smoothing": 1.5}, r"label_smoothing must be a number in \[0, 1\], got 1.5"),

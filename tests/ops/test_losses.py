@@ -105,6 +105,20 @@ def test_sce_gradient_matches_softmax_minus_onehot():
     np.testing.assert_allclose(grad, want, rtol=1e-10, atol=1e-12)
 
 
+def test_every_sample_ignored_is_a_nan_mean_with_a_zero_gradient():
+    """PyTorch's cross_entropy over labels that are all ignore_index: 0 / 0, a NaN loss, and a zero gradient (its
+    backward writes nothing for ignored samples). The gradient had been NaN: 1 / 0 times the samples' zeros."""
+    torch = pytest.importorskip("torch")
+    scores, labels = rng.standard_normal((4, 3)), np.full(4, -100, np.int64)
+    value, grad = jax.value_and_grad(
+        lambda s: losses.softmax_cross_entropy_loss(s, labels, reduction="mean", ignore_index=-100)[0])(scores)
+    torch_scores = torch.from_numpy(scores).requires_grad_()
+    expected = torch.nn.functional.cross_entropy(torch_scores, torch.from_numpy(labels))
+    expected.backward()
+    assert np.isnan(float(value)) and np.isnan(expected.item())
+    np.testing.assert_array_equal(grad, torch_scores.grad.numpy())
+
+
 def test_nll_gradient_with_weights_and_mean():
     log_prob, labels = scores_and_labels(np.float64)
     weights = rng.uniform(0.5, 2, 5)

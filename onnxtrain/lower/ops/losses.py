@@ -2,7 +2,8 @@
 
 Both pick -input[n, target[n, d...], d...] per sample, weight it by weight[target] (0 where target is
 `ignore_index`), then reduce: 'none' keeps the (N, d1, ...) losses, 'sum' adds them, 'mean' divides the sum by
-the total weight (the count of non-ignored samples when there is no weight), as PyTorch does.
+the total weight (the count of non-ignored samples when there is no weight), as PyTorch does (every sample
+ignored: a NaN mean whose gradient is zero, as PyTorch's).
 """
 
 from __future__ import annotations
@@ -40,7 +41,12 @@ def class_loss(log_prob, target, weight=None, *, reduction: str, ignore_index: i
     elif reduction == "sum":
         total = jnp.sum(losses)
     else:
-        total = jnp.sum(losses) / jnp.sum(sample_weight)
+        # every sample ignored: torch's 0 / 0, a NaN loss, yet a zero gradient (its backward writes nothing for
+        # ignored samples), where 1 / 0 times their zero gradients made it NaN, and an update made the weights NaN
+        count = jnp.sum(sample_weight)
+        empty = count == 0
+        total = (jnp.sum(losses) / jnp.where(empty, jnp.ones((), dtype), count)
+                 + jnp.where(empty, jnp.full((), jnp.nan, dtype), jnp.zeros((), dtype)))
     return total.astype(log_prob.dtype)
 
 
