@@ -203,7 +203,10 @@ def add_cross_entropy(b: Builder, prediction: str, shape: list | None, ignore_in
     b.node("Mul", ["loss.uniform_each", "loss.weight"], ["loss.uniform_kept"])
     b.node("ReduceSum", ["loss.uniform_kept"], ["loss.uniform_sum"], keepdims=0)
     b.node("ReduceSum", ["loss.weight"], ["loss.count"], keepdims=0)
-    b.node("Div", ["loss.uniform_sum", "loss.count"], ["loss.uniform_negative"])
+    # at least 1: with every label ignored the sum is 0 and the loss already the nll's NaN, as torch's, while
+    # 1 / 0 would reach the gradient as inf times the ignored labels' zeros, a NaN
+    b.node("Max", ["loss.count", b.scalar("one", 1, TensorProto.FLOAT)], ["loss.divisor"])
+    b.node("Div", ["loss.uniform_sum", "loss.divisor"], ["loss.uniform_negative"])
     b.node("Cast", ["loss.nll"], ["loss.nll_float"], to=TensorProto.FLOAT)
     b.node("Mul", ["loss.nll_float", b.scalar("kept", 1 - label_smoothing, TensorProto.FLOAT)], ["loss.hard"])
     b.node("Mul", ["loss.uniform_negative", b.scalar("smoothing", label_smoothing, TensorProto.FLOAT)],
