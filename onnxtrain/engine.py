@@ -12,12 +12,17 @@ so a step never donates buffers another call is using.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
+import signal
 import threading
 from pathlib import Path
 from types import MappingProxyType
+# signal.getsignal tries to make a Python handler a member of its Handlers enum (a ValueError raised and caught:
+# 2.6 us a call); the C module it wraps answers in 0.02 us, and every held train step asks
+from _signal import getsignal as handler_of
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -58,6 +63,50 @@ def trace_time_reads(nodes: Sequence[Node]) -> set[str]:
     initializer, the TorchScript exporter as a Constant node)."""
     return {name for node in nodes for index, name in enumerate(node.inputs)
             if not node.domain and (node.op_type, index) in TRACE_TIME_FLOAT_INPUTS}
+
+
+MAIN_THREAD = threading.main_thread().ident
+
+
+class HeldInterrupts:
+    """Ctrl-C held back while a train step's new state is in flight: within the block, the main thread's Python
+    SIGINT handler only records the signal, and it runs once the block ends. A step donates the state buffers to
+    XLA, and Python runs a signal handler at the first instruction after a call returns: a KeyboardInterrupt
+    there dropped the step's result with the old state already deleted (a Ctrl-C during a loop of steps lost
+    every weight, 30 times in 30). Installed at the first held step, the handler stays and passes signals on to
+    the one it wraps outside the block (installing and restoring it at each step cost 10 us); a handler set
+    later is wrapped at the next step. SIG_DFL and SIG_IGN run no Python code: nothing to hold."""
+
+    def __init__(self) -> None:
+        self.wrapped: Callable[[int, Any], Any] | None = None
+        self.depth = 0
+        self.pending: tuple[int, Any] | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.depth:
+            self.pending = (signum, frame)
+        elif self.wrapped is not None:
+            self.wrapped(signum, frame)
+
+    def __enter__(self) -> None:
+        if threading.get_ident() != MAIN_THREAD:
+            return  # Python runs handlers in the main thread only: an interrupt never lands in this one
+        current = handler_of(signal.SIGINT)
+        if current is not self and callable(current):
+            self.wrapped = current
+            signal.signal(signal.SIGINT, self)
+        self.depth += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        if threading.get_ident() != MAIN_THREAD:
+            return
+        self.depth -= 1
+        if not self.depth and self.pending is not None:
+            (signum, frame), self.pending = self.pending, None
+            self(signum, frame)  # the wrapped handler: KeyboardInterrupt, now that the state is the step's
+
+
+HELD_INTERRUPTS = HeldInterrupts()
 
 
 def on_device(name: str, value: np.ndarray, state: set[str], static: set[str]) -> bool:
@@ -347,27 +396,34 @@ class Engine:
             if first and self._rebuild is None:  # the copy is donated: the state survives whatever the step meets
                 with jax.enable_x64(True):
                     state, step = jax.tree.map(jnp.copy, (state, step))
-            try:
-                (state, step), outputs = self._train[algorithm]((state, step), *constants, feeds=checked)
-                if first:
-                    jax.block_until_ready((state, outputs))
-            except jax.errors.JaxRuntimeError as exc:
-                # said as it is: whether the buffers went with the step depends on the platform and the failure
-                lost = any(v.is_deleted() for v in self._state.values())
-                if lost and self._rebuild is not None:
-                    self._rebuild()
-                    lost = False
-                fate = "the state was donated to it and is lost" if lost else "the state is as before it"
-                raise StepError(
-                    f"train step {self.step_count + 1} (algorithm {algorithm}) failed while running ({fate}): "
-                    f"{str(exc).splitlines()[0]}"
-                ) from exc
-            if signature is not None:
-                self._ran.add((algorithm, signature))
-            self._state, self._step = state, step
-            self._rebuild = None
-            self._step_behind |= not self._notes[algorithm]["draws"]
-            self.step_count += 1
+            # a first step may compile for minutes: Ctrl-C stops it at once, its state a copy or rebuilt; a later
+            # step donates the state itself, so an interrupt waits until its result is the engine's state
+            with contextlib.nullcontext() if first else HELD_INTERRUPTS:
+                try:
+                    (state, step), outputs = self._train[algorithm]((state, step), *constants, feeds=checked)
+                    if first:
+                        jax.block_until_ready((state, outputs))
+                except KeyboardInterrupt:  # in a first step (later ones hold it back): the copy went, or rebuild
+                    if self._rebuild is not None and any(v.is_deleted() for v in self._state.values()):
+                        self._rebuild()
+                    raise
+                except jax.errors.JaxRuntimeError as exc:
+                    # said as it is: whether the buffers went with the step depends on the platform and the failure
+                    lost = any(v.is_deleted() for v in self._state.values())
+                    if lost and self._rebuild is not None:
+                        self._rebuild()
+                        lost = False
+                    fate = "the state was donated to it and is lost" if lost else "the state is as before it"
+                    raise StepError(
+                        f"train step {self.step_count + 1} (algorithm {algorithm}) failed while running ({fate}): "
+                        f"{str(exc).splitlines()[0]}"
+                    ) from exc
+                if signature is not None:
+                    self._ran.add((algorithm, signature))
+                self._state, self._step = state, step
+                self._rebuild = None
+                self._step_behind |= not self._notes[algorithm]["draws"]
+                self.step_count += 1
         return outputs
 
     def lower(self, feeds: Mapping[str, Any], algorithm: int | None = None) -> jax.stages.Lowered:

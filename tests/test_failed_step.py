@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -75,3 +77,41 @@ def test_an_out_of_memory_step_leaves_the_state_and_training_goes_on(tmp_path, s
              for t in g.initializer}
     for name, value in reference.state.items():
         np.testing.assert_array_equal(saved[name], np.asarray(value), err_msg=name)
+
+
+def interrupted_as_the_step_returns(engine: onnxtrain.Engine) -> None:
+    """Make train step 0's program send this process SIGINT as its launch returns: Python runs the handler at the
+    next instruction, as it does for a Ctrl-C that arrived while the step ran (where it lands nearly always)."""
+    program = engine._train[0]
+
+    def launch_then_interrupt(*args, **kwargs):
+        result = program(*args, **kwargs)
+        signal.raise_signal(signal.SIGINT)
+        return result
+
+    engine._train[0] = launch_then_interrupt
+
+
+# 2 steps before: the step donates the state, so the interrupt waits until the engine holds the step's result.
+# 0: the first step after init is not held back (it may compile for minutes): the state is rebuilt as init made it.
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread() or
+                    signal.getsignal(signal.SIGINT) is not signal.default_int_handler,
+                    reason="Ctrl-C's KeyboardInterrupt is raised in the main thread, by the default handler")
+@pytest.mark.parametrize("steps_before", [2, 0])
+def test_ctrl_c_during_a_step_leaves_a_whole_state(steps_before):
+    small = {k: v[:8] for k, v in np.load(EXAMPLE / "regression.npz").items()}
+    engine = onnxtrain.load(EXAMPLE / "regression.onnx", seed=0)
+    engine.init()
+    for _ in range(steps_before):
+        engine.train_step(small)
+    interrupted_as_the_step_returns(engine)
+    with pytest.raises(KeyboardInterrupt):
+        engine.train_step(small)
+    taken = steps_before + 1 if steps_before else 0  # a held step completes; a first one is undone
+    assert engine.step_count == taken
+    reference = onnxtrain.load(EXAMPLE / "regression.onnx", seed=0)  # the same steps, uninterrupted
+    reference.init()
+    for _ in range(taken):
+        reference.train_step(small)
+    for name, value in reference.state.items():
+        np.testing.assert_array_equal(np.asarray(engine.state[name]), np.asarray(value), err_msg=name)
