@@ -19,7 +19,7 @@ from .errors import DivergenceError, OnnxTrainError, StepError
 from .export import check_export_target, save_atomic
 from .host_memory import HUGE_PAGES, retain_freed_memory, with_huge_pages
 from .lower.autocast import COMPUTE_DTYPES
-from .loop import array_batches, fit
+from .loop import array_batches, check_finite, fit
 from .model import read_model
 
 # what reading a user's .npy/.npz can raise: missing or unreadable, not NumPy's format, a damaged zip
@@ -125,22 +125,41 @@ def cmd_train(args: argparse.Namespace) -> None:
         print("--retain-freed-memory: this C library does not take the setting (glibc only); training without it")
     if f"{HUGE_PAGES}=1" in os.environ.get("GLIBC_TUNABLES", ""):
         print(f"host memory: malloc in transparent huge pages ({HUGE_PAGES}=1)")
-    engine = load(args.model, seed=args.seed, devices=devices(args.devices), shard_state=args.shard_state,
-                  mixed_precision=args.mixed_precision, loss_scale=args.loss_scale, remat=args.remat)
+    if args.resume and not args.output:
+        raise OnnxTrainError("--resume goes on from the model that -o writes: give -o PATH")
+    resume = args.resume and Path(args.output).exists()
+    engine = load(args.output if resume else args.model, seed=args.seed, devices=devices(args.devices),
+                  shard_state=args.shard_state, mixed_precision=args.mixed_precision, loss_scale=args.loss_scale,
+                  remat=args.remat)
     if engine.batch_sharding is not None:
         split = any(not v.sharding.is_fully_replicated for v in engine.state.values())
         print(f"data parallel over {args.devices} devices; state {'split' if split else 'replicated'}")
     arrays = read_npz("--data", args.data)
-    if not args.no_init:
+    # -o's exported model holds the state, the optimizer's included, and the step count: the run goes on from
+    # there, with the batches the uninterrupted run took next (the same --data, --batch-size and --seed)
+    done = engine.step_count if resume else 0
+    if resume:
+        print(f"resuming from {args.output} at step {done} of {args.steps}")
+    elif not args.no_init:
         engine.init()
-    history = fit(engine, array_batches(arrays, args.batch_size, seed=args.seed), args.steps,
-                  algorithm=args.algorithm, loss=args.loss, log_every=max(1, args.steps // 20))
+    remaining = max(0, args.steps - done)
+    try:
+        history = fit(engine, array_batches(arrays, args.batch_size, seed=args.seed, start=done), remaining,
+                      algorithm=args.algorithm, loss=args.loss, log_every=max(1, args.steps // 20),
+                      checkpoint=args.output, checkpoint_every=args.checkpoint_every)
+    except KeyboardInterrupt:
+        if args.output and engine.step_count > done:  # the steps taken are kept, as at a checkpoint (finite)
+            check_finite(engine, engine.step_count - done - 1, {}, state=True)
+            engine.export(args.output)
+            print(f"interrupted after train step {engine.step_count}: wrote {args.output} (--resume goes on)")
+        raise
     if history.losses:
         for step, loss in zip(history.steps, history.losses):
-            print(f"step {step:>6}  loss {loss:.6f}")
-        print(f"loss {history.losses[0]:.6f} -> {history.losses[-1]:.6f} over {args.steps} steps")
+            print(f"step {step + done:>6}  loss {loss:.6f}")
+        print(f"loss {history.losses[0]:.6f} -> {history.losses[-1]:.6f} over {remaining} steps")
     if args.output:
-        engine.export(args.output)
+        if not remaining:  # fit wrote it at each checkpoint and at the end: here, nothing ran
+            engine.export(args.output)
         print(f"wrote {args.output}")
 
 
@@ -196,7 +215,12 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--loss", help="the output to report as the loss (default: first scalar output)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--no-init", action="store_true", help="start from the model's initializers")
-    train.add_argument("-o", "--output", help="write the trained model here")
+    train.add_argument("-o", "--output", help="write the trained model here, and every --checkpoint-every steps")
+    train.add_argument("--checkpoint-every", type=int, default=1000, metavar="N",
+                       help="with -o: write the model there every N steps too, so a killed run loses at most N "
+                       "(default 1000)")
+    train.add_argument("--resume", action="store_true", help="with -o: if it exists, go on from it (state, "
+                       "optimizer and step count) with the batches the uninterrupted run takes, up to --steps in all")
     train.add_argument("--devices", type=int, help=DEVICES_HELP)
     train.add_argument("--shard-state", action="store_true",
                        help="with --devices: split the weights and optimizer state over the devices")
@@ -276,6 +300,9 @@ def run(args: argparse.Namespace) -> int:
         args.run(args)
     except (DivergenceError, StepError) as exc:
         return fail(exc, 1)
+    except KeyboardInterrupt:  # Ctrl-C: what was kept is said above, no traceback; 128 + SIGINT, as shells have it
+        print("onnxtrain: interrupted", file=sys.stderr)
+        return 130
     except (OnnxTrainError, OSError) as exc:  # OSError: a path the user gave (a folder to write in, a file)
         return fail(exc, 2)
     return 0

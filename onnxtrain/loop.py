@@ -19,12 +19,16 @@ from .optimizers import is_integer
 
 
 def array_batches(
-    arrays: Mapping[str, np.ndarray], batch_size: int | None = None, shuffle: bool = True, seed: int = 0
+    arrays: Mapping[str, np.ndarray], batch_size: int | None = None, shuffle: bool = True, seed: int = 0,
+    start: int = 0,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Endless minibatches over arrays that share their first dimension (epoch after epoch); `batch_size` None
-    is the whole data, a larger one too."""
+    is the whole data, a larger one too. `start`: the number of batches to pass over, drawn but not built, so a
+    run resumed at step `start` takes the batches the uninterrupted run took from there."""
     if batch_size is not None and batch_size < 1:
         raise OnnxTrainError(f"batch_size must be a positive number of rows (or None: all of them), got {batch_size}")
+    if not is_integer(start) or start < 0:
+        raise OnnxTrainError(f"start must be a number of batches >= 0, got {start!r}")
     if not isinstance(arrays, Mapping) or not arrays:
         raise FeedError(f"array_batches takes a mapping {{input name: array}} with at least one array, not "
                         f"{type(arrays).__name__} {arrays!r:.80}")
@@ -42,11 +46,15 @@ def array_batches(
         raise FeedError(f"the data arrays {sorted(sizes)} have no rows")
     batch_size = min(batch_size or n, n)
     rng = np.random.default_rng(seed)
+    epochs, skipped = divmod(start, n // batch_size)  # full batches only: one compiled shape
+    for _ in range(epochs if shuffle else 0):
+        rng.permutation(n)  # the epoch's order, drawn as the run that took its batches drew it
     while True:
         order = rng.permutation(n) if shuffle else np.arange(n)
-        for start in range(0, n - batch_size + 1, batch_size):  # full batches only: one compiled shape
-            index = order[start : start + batch_size]
+        for row in range(skipped * batch_size, n - batch_size + 1, batch_size):
+            index = order[row : row + batch_size]
             yield {name: [a[i] for i in index] if isinstance(a, list) else a[index] for name, a in arrays.items()}
+        skipped = 0
 
 
 def loss_output(engine: Engine, algorithm: int = 0) -> str | None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -188,3 +190,39 @@ def test_huge_pages_join_the_users_other_tunables(monkeypatch):
     assert host_memory.with_huge_pages({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is None
     monkeypatch.setattr(host_memory, "glibc", lambda: None)  # another C library: nothing to set
     assert host_memory.with_huge_pages({}) is None
+
+
+# A run stopped at any moment (Ctrl-C, then killed) and started again with the same command, --resume, ends with
+# the model the uninterrupted run writes, bit for bit: -o holds the state, optimizer and step count (written every
+# --checkpoint-every steps, and at a Ctrl-C), and the batches go on where the stopped run was.
+def test_train_stopped_then_run_again_with_resume_ends_as_the_uninterrupted_run(tmp_path):
+    out, steps = tmp_path / "out.onnx", 3000
+    args = ["train", MODEL, "--data", DATA, "--steps", steps, "--batch-size", 64, "--checkpoint-every", 100,
+            "--resume", "-o", out]
+    kept = 0
+    for stop in (signal.SIGINT, signal.SIGKILL):
+        written = out.stat().st_ino if out.exists() else None
+        run = subprocess.Popen([sys.executable, "-m", "onnxtrain.cli", *map(str, args)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        while (out.stat().st_ino if out.exists() else None) == written and run.poll() is None:
+            time.sleep(0.005)  # until the run's first checkpoint replaces -o (an atomic rename: a new inode)
+        run.send_signal(stop)
+        output, errors = run.communicate(timeout=300)
+        if stop == signal.SIGINT:
+            assert run.returncode == 130 and errors.endswith("onnxtrain: interrupted\n"), errors
+            assert f"interrupted after train step {onnxtrain.load(out).step_count}: wrote {out}" in output
+        else:
+            assert run.returncode == -signal.SIGKILL, errors
+            assert f"resuming from {out} at step {kept} of {steps}" in output
+        assert kept < onnxtrain.load(out).step_count < steps
+        kept = onnxtrain.load(out).step_count
+    result = cli(*args)
+    assert result.returncode == 0, result.stderr
+    assert f"resuming from {out} at step {kept} of {steps}" in result.stdout
+    reference = onnxtrain.load(MODEL)  # what the command does, uninterrupted
+    reference.init()
+    onnxtrain.fit(reference, onnxtrain.array_batches(dict(np.load(DATA)), 64), steps, progress=False)
+    resumed = onnxtrain.load(out)
+    assert resumed.step_count == steps
+    for name, value in reference.state.items():
+        np.testing.assert_array_equal(np.asarray(resumed.state[name]), np.asarray(value), err_msg=name)

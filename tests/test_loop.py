@@ -51,3 +51,17 @@ def test_a_graph_output_that_is_already_the_loss():
         w = w - 0.1 * 2 * (w - 3)  # d/dW sum((W - 3)^2)
     np.testing.assert_allclose(np.asarray(engine.state["W"]), w, rtol=1e-6)
     assert "Three" not in engine.state  # not trainable: frozen
+
+
+def test_array_batches_from_a_start_are_those_the_whole_stream_takes_there():
+    """start=k (a resumed run's step count) passes over k batches without building them: the rest of the stream is
+    the same batches, across an epoch's end (its next order drawn as before) and without shuffling too."""
+    rows = {"X": np.arange(20, dtype=np.float32).reshape(10, 2), "target": np.arange(10, dtype=np.float32)}
+    for shuffle in (True, False):
+        whole = onnxtrain.array_batches(rows, 3, shuffle=shuffle, seed=5)  # 3 batches an epoch, a row left over
+        expected = [next(whole) for _ in range(12)][7:]
+        resumed = onnxtrain.array_batches(rows, 3, shuffle=shuffle, seed=5, start=7)
+        for want in expected:
+            got = next(resumed)
+            for name in rows:
+                np.testing.assert_array_equal(got[name], want[name])
