@@ -39,7 +39,7 @@ from .export import (check_export_target, replaced_by_export, save_atomic, saved
                      with_initializers, with_state, without_state_bytes, without_zero_state)
 from .external_data import ExternalValues
 from .feeds import FeedChecker, array_signature
-from .lower.autocast import mixed_precision_of
+from .lower.autocast import MixedPrecision, mixed_precision_of
 from .optimizers import is_integer
 from .lower.folding import load_time_constants
 from .ir import Graph, Node, ValueInfo
@@ -132,13 +132,36 @@ def check_seed(seed: Any) -> None:
         raise OptionError(f"seed must be an integer of at most 64 bits, got {type(seed).__name__} {seed!r}")
 
 
-def check_matmul_precision(precision: Any) -> None:
-    """OptionError unless JAX takes `precision` as its matmul precision (the engine sets it while tracing)."""
+# jax.lax.Precision's names, which every platform computes (the GPU's choice of passes); the other names JAX takes
+# are algorithm presets (jax.lax.DotAlgorithmPreset: "BF16_BF16_F32", "F16_F16_F32"...), which fix the operand
+# types and only some platforms compute
+PRECISION_NAMES = frozenset({"default", "high", "highest", "bfloat16", "tensorfloat32", "float32"})
+
+
+def check_matmul_precision(precision: Any, device: jax.Device, mixed_precision: MixedPrecision | None) -> None:
+    """OptionError unless JAX takes `precision` as its matmul precision (the engine sets it while tracing) and,
+    for an algorithm preset, mixed precision is off (a preset converts the operands to its own types: under
+    mixed_precision="float16", "BF16_BF16_F32" had rounded the products' operands to bfloat16) and `device`'s
+    platform lowers a float32 product at it (the CPU lowers no "F16_F16_F32": the first step had raised JAX's
+    ValueError)."""
     try:
         with jax.default_matmul_precision(precision):
             pass
     except (ValueError, TypeError) as exc:
         raise OptionError(f"matmul_precision={precision!r} is not a precision JAX knows ({exc})") from exc
+    if precision is None or precision in PRECISION_NAMES:
+        return
+    if mixed_precision is not None:
+        raise OptionError(f"matmul_precision={precision!r} is an algorithm preset, which sets the products' operand "
+                          f"types, and mixed_precision={jnp.dtype(mixed_precision.dtype).name!r} sets them too: use "
+                          f"one of them (with mixed precision, matmul_precision is one of {sorted(PRECISION_NAMES)})")
+    operand = jax.device_put(np.zeros((2, 2), np.float32), device)
+    try:
+        with jax.default_matmul_precision(precision):
+            jax.jit(jnp.matmul).lower(operand, operand)
+    except ValueError as exc:
+        raise OptionError(f"matmul_precision={precision!r} is an algorithm preset that the {device.platform} "
+                          f"cannot compute ({exc})") from exc
 
 
 def feed_lists(graphs: list[Graph]) -> tuple[list[ValueInfo], list[ValueInfo]]:
@@ -171,7 +194,9 @@ class Engine:
         self.mixed_precision = mixed_precision_of(mixed_precision, loss_scale)  # lower/autocast.py
         if remat not in REMAT_MODES:
             raise OptionError(f"remat={remat!r} is not one of False, True or 'attention'")
-        check_matmul_precision(matmul_precision)
+        self._placement = Placement(devices, shard_state)
+        check_matmul_precision(matmul_precision, (self._placement.devices or [self._placement.device])[0],
+                               self.mixed_precision)
         check_seed(seed)
         if check:
             check_model(model)
@@ -208,7 +233,6 @@ class Engine:
                              for a in self.algorithms]
         self._declared = {i.name: i for g in [self.graph] + [a.graph for a in self.algorithms] for i in g.inputs}
         self.matmul_precision = matmul_precision
-        self._placement = Placement(devices, shard_state)
 
         # Each graph's device-resident initializers move from its `initializers` (NumPy, decoded by build_graph
         # for this engine alone) to the device one at a time: the host never holds a second decoded copy of

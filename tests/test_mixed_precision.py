@@ -287,6 +287,10 @@ def test_an_overflowing_float16_loss_scale_stops_fit_naming_the_scale():
     ({"loss_scale": 8.0}, "loss_scale only applies with mixed_precision='float16'"),
     ({"mixed_precision": "float16", "loss_scale": 0.0}, "loss_scale=0.0 must be a finite number > 0"),
     ({"mixed_precision": "float16", "loss_scale": float("inf")}, "loss_scale=inf must be a finite number > 0"),
+    # a dot algorithm preset fixes the products' operand types too ("BF16_BF16_F32" had rounded float16's to bfloat16)
+    ({"mixed_precision": "float16", "matmul_precision": "BF16_BF16_F32"},
+     "matmul_precision='BF16_BF16_F32' is an algorithm preset, which sets the products' operand types, and "
+     "mixed_precision='float16' sets them too"),
 ])
 def test_bad_options_raise_at_load(options, message):
     model = linear_regression(np.zeros((4, 2), np.float32), np.zeros(2, np.float32), 1.0)

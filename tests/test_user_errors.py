@@ -88,6 +88,17 @@ def test_wrong_kinds_of_argument_are_onnxtrain_errors_naming_them(call, error, m
         call()
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="which algorithm presets a platform computes varies")
+def test_an_algorithm_preset_the_platform_cannot_compute_is_refused_at_load():
+    """JAX takes its dot algorithm presets as matmul precisions, and the CPU computes some of them: one it does not
+    had loaded and then failed the first step with JAX's ValueError; one it does trains."""
+    with pytest.raises(OptionError, match="matmul_precision='F16_F16_F32' is an algorithm preset that the cpu "
+                                          "cannot compute"):
+        onnxtrain.load(MODEL, matmul_precision="F16_F16_F32")
+    engine = onnxtrain.load(MODEL, matmul_precision="BF16_BF16_F32")
+    assert np.isfinite(float(engine.train_step(dict(ARRAYS))["loss"]))
+
+
 def test_an_output_that_cannot_be_written_is_refused_before_training(tmp_path, capsys, monkeypatch):
     """The trained model's path (CLI `-o`, fit's `checkpoint`) is checked before the first step: a folder that
     does not exist, or a folder named as the file, had failed at the export after the whole run."""
