@@ -1,5 +1,6 @@
 """The same model trained on 1 and on 8 (virtual CPU) devices gives the same state within float tolerance, with the
-state replicated or split over the devices (shard_state)."""
+state replicated or split over the devices (shard_state), and BatchNorm's batch statistics (train_mode) those of
+the whole batch."""
 
 from __future__ import annotations
 
@@ -60,6 +61,35 @@ one = onnxtrain.load(mlp_adam(mlp_params(), lr=0.01), devices=jax.devices()[:1])
 elsewhere = jax.device_put(x, jax.devices()[3])
 np.testing.assert_array_equal(np.asarray(one.infer({"X": elsewhere})["Y"]), np.asarray(one.infer({"X": x})["Y"]))
 one.train_step({"X": elsewhere, "Target": jax.device_put(t, jax.devices()[5])})
+
+# make_trainable(train_mode=True): BatchNorm normalizes with the statistics of the whole batch, not each device's
+# rows (torch's SyncBatchNorm, not DDP's BatchNorm), so 8 devices train as one; rows offset per device's share,
+# each device's own variance would be far from the whole batch's
+from onnx import TensorProto, helper, numpy_helper
+params = mlp_params()
+bn = {"scale": np.full(8, 1.5, np.float32), "shift": np.full(8, 0.1, np.float32),
+      "mean": np.full(8, 0.2, np.float32), "var": np.full(8, 0.7, np.float32)}
+graph = helper.make_graph(
+    [helper.make_node("MatMul", ["X", "W1"], ["h"]),
+     helper.make_node("BatchNormalization", ["h", "scale", "shift", "mean", "var"], ["n"], momentum=0.9),
+     helper.make_node("Relu", ["n"], ["r"]), helper.make_node("MatMul", ["r", "W2"], ["Y"])], "bn",
+    [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["N", 4])],
+    [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["N", 2])],
+    [numpy_helper.from_array(v, n) for n, v in {"W1": params["W1"], "W2": params["W2"], **bn}.items()])
+model = onnxtrain.make_trainable(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)]), loss="mse",
+                                 optimizer="sgd", learning_rate=0.1, train_mode=True)
+shifted = x + np.repeat(np.arange(8, dtype=np.float32), 8)[:, None]
+bn_states = []
+for devices in (jax.devices()[:1], jax.devices()):
+    engine = onnxtrain.load(model, devices=devices)
+    engine.train_step({"X": shifted, "target": t})
+    h = shifted.astype(np.float64) @ params["W1"]  # the step's forward reads the weights before its update
+    np.testing.assert_allclose(np.asarray(engine.state["mean"]), 0.9 * 0.2 + 0.1 * h.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(engine.state["var"]), 0.9 * 0.7 + 0.1 * h.var(0, ddof=1), rtol=1e-5)
+    engine.train_step({"X": shifted, "target": t})
+    bn_states.append({k: np.asarray(v) for k, v in engine.state.items()})
+for name in bn_states[0]:
+    np.testing.assert_allclose(bn_states[1][name], bn_states[0][name], rtol=1e-5, atol=1e-6, err_msg=name)
 print("EQUAL")
 """
 
