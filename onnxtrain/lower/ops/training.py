@@ -159,8 +159,11 @@ REMAT_MODES = (False, True, "attention")
 
 # What may stand between an attention's scores product and its softmax (scaling, masks, casts), and between the
 # softmax and the product with the values (PyTorch's exported scaled_dot_product_attention zeroes the NaN rows of
-# a fully masked query: IsNaN and Where).
-BETWEEN_PRODUCTS = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Cast", "Neg", "IsNaN", "IsInf", "Not", "Equal"})
+# a fully masked query: IsNaN and Where; in a train-mode export, or make_trainable's train_mode=True, attention
+# dropout drops probabilities: Dropout, whose recomputation draws the forward pass's mask, see Randomness in
+# docs/semantics.md).
+BETWEEN_PRODUCTS = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Cast", "Neg", "IsNaN", "IsInf", "Not", "Equal",
+                              "Dropout"})
 
 
 def attention_regions(nodes: Sequence, positions: list[int], y: str) -> list[list[int]]:
