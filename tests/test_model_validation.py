@@ -335,6 +335,17 @@ def test_malformed_model_is_one_model_load_error(break_it, message):
         onnxtrain.load(model.SerializeToString())
 
 
+def test_one_opset_version_listed_twice_loads():
+    """skl2onnx 1.20 lists ("", 22) twice in a LogisticRegression(zipmap=False) or LinearRegression export; the
+    checker and ONNX Runtime take it (one version, no guess of which the nodes mean), and so does the engine. Two
+    different versions stay refused (test_malformed_model_is_one_model_load_error)."""
+    model = add_model()
+    model.opset_import.extend([helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx", 17)])
+    onnx.checker.check_model(model)
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(onnxtrain.load(model).infer({"a": a})["c"], a + 1)
+
+
 def training_graph_attribute_of_another_type(m):
     info = training_graph_reading(m, "b")
     info.algorithm.node.append(helper.make_node("Softmax", ["b2"], ["s"], axis=0, name="soft"))

@@ -86,7 +86,9 @@ def opset_versions(opset_import, owner: str) -> dict[str, int]:
                 f"{owner} imports opset {name} version {entry.version}, newer than the newest onnx "
                 f"{onnx.__version__} knows ({newest})"
             )
-        if domain in versions:  # which version the nodes mean would be a guess ("" and "ai.onnx" are one domain)
+        # which version the nodes mean would be a guess ("" and "ai.onnx" are one domain); one version listed twice
+        # is no guess (skl2onnx lists ("", 22) twice for LinearClassifier, which onnx.checker and ORT accept)
+        if versions.get(domain, entry.version) != entry.version:
             raise ModelLoadError(f"{owner} imports opset {name} twice (versions {versions[domain]} and "
                                  f"{entry.version})")
         versions[domain] = entry.version
