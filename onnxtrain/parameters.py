@@ -49,6 +49,9 @@ MASK_OPS = {"Add", "Where"}
 # The nodes the dynamo optimizer folds an eval-mode BatchNorm into (a Linear's Gemm: Linear + BatchNorm1d), with
 # the onnxscript rewriter rule it names in the metadata of the node it made
 FUSION_RULES = {op: f"FuseBatchNormInto{op}" for op in ("Conv", "ConvTranspose", "Gemm")}
+# tf2onnx's optimizer fuses a Conv and the BatchNormalization after it (a Keras Conv2D + BatchNormalization) into
+# new initializers `<conv node>_weights_fused_bn` and `<conv node>_bias_fused_bn`, recording nothing else
+TF2ONNX_FUSED_WEIGHT = "_weights_fused_bn"
 
 
 class ParameterizationWarning(UserWarning):
@@ -274,6 +277,8 @@ def constants(model: onnx.ModelProto, records: ExportRecords) -> dict[str, str]:
     made, results = made_inside_calls(model.graph, records), folded_results(records)
     made |= {name: f"folded from values the source model made in forward ({', '.join(sources)})"
              for name, sources in records.made_in_forward.items() if name not in made}
+    made |= {name: "a 0-d fill value expanded to a run-time shape (tf.zeros / tf.ones, as tf2onnx converts them)"
+             for name in fill_values(model.graph) if name not in made and name not in results}
     reasons = {}
     for tensor in model.graph.initializer:
         if tensor.data_type in TRAINING_FLOAT_TYPES:
@@ -282,6 +287,22 @@ def constants(model: onnx.ModelProto, records: ExportRecords) -> dict[str, str]:
             if reason:
                 reasons[tensor.name] = reason
     return reasons
+
+
+def fill_values(graph: onnx.GraphProto) -> list[str]:
+    """0-d float initializers of the main graph read only as the value an Expand broadcasts to a run-time shape,
+    by nodes that record no source call: tf2onnx converts TensorFlow's Fill (tf.zeros / tf.ones of a shape the
+    batch decides) so, and records nothing: a Keras LSTM's or GRU's zero initial state, the unit scale and zero
+    shift of the BatchNormalization tf_keras's LayerNormalization normalizes with before its own gamma and beta.
+    Where the dynamo exporter records the call, the record decides (made_inside_calls: `zeros`; a 0-d parameter
+    `x.expand`ed by a call of its own stays one)."""
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            readers[name].append((node, index))
+    return [t.name for t in graph.initializer if not t.dims and t.data_type in TRAINING_FLOAT_TYPES
+            and readers[t.name] and all(node.op_type == "Expand" and index == 0 and not metadata(node, FX_NODE)
+                                        for node, index in readers[t.name])]
 
 
 # The dynamo exporter records on each node the PyTorch call it comes from (torch.export's FX node, as text)
@@ -420,7 +441,8 @@ def call_named(value: str) -> str:
 KEEP_BATCH_NORM = (
     "export with torch.onnx.export(..., dynamo=False, do_constant_folding=False) (or "
     "training=torch.onnx.TrainingMode.TRAINING), or with dynamo=True and optimize=False: the default exports fold "
-    "an eval-mode BatchNorm into the preceding Conv (ConvTranspose, Linear)"
+    "an eval-mode BatchNorm into the preceding Conv (ConvTranspose, Linear); a Keras model: "
+    "tf2onnx.convert.from_keras(..., optimizers={}), whose optimizer fuses the Conv and the BatchNormalization"
 )
 
 
@@ -491,6 +513,7 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str], recor
             repeated.append(f"{n} ({how})")
     untied = [f"{b} is a {how} copy of {a}" for a, b, how in untied_copies(arrays, alike.values())]
     folded = folded_batchnorm(model.graph, set(chosen))
+    doubled = added_recurrent_biases(model, set(chosen))
     keep = KEEP_PARAMETERS
     kinds = [
         (", ".join(merged),
@@ -515,6 +538,11 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str], recor
          "BatchNorm folded into Conv (ConvTranspose, Gemm) by the exporter: the BatchNorm's scale and shift are "
          "gone and the fused kernel W*gamma/sqrt(var+eps) and bias would train instead, another parameterisation. "
          f"To keep BatchNorm, {KEEP_BATCH_NORM}"),
+        (", ".join(doubled),
+         "a recurrence's B whose recurrent half (Rb) is zeros the converter added for the source model's one bias "
+         "(Keras's LSTM, GRU(reset_after=False)): the node adds Wb + Rb, so training both halves moves that bias "
+         "twice as far per SGD step as Keras does. Leave B out of the trainable set, or make Rb a Constant node in "
+         "the model (B = Concat(Wb, Rb)) to train it as Keras does"),
     ]
     for names, why in kinds:
         if names:
@@ -651,7 +679,7 @@ def folded_batchnorm(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:
     optimizer's rewriter records its rule in the fused node's metadata (FUSION_RULES) and, for a node without a
     bias of its own, names the new bias `<weight>_bias` (the fused kernel keeps the weight's name); TorchScript's
     constant folding (into a Conv alone) names computed initializers after their reader (`onnx::Conv_N`), where a
-    Conv's own parameters keep their names."""
+    Conv's own parameters keep their names. tf2onnx names its fused kernel `<node>_weights_fused_bn`."""
     folded = []
     for node in graph.node:
         if node.op_type not in FUSION_RULES or len(node.input) < 2 or node.input[1] not in chosen:
@@ -659,9 +687,33 @@ def folded_batchnorm(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:
         weight, bias = node.input[1], node.input[2] if len(node.input) > 2 else ""
         rules = {p.value for p in node.metadata_props if p.key == "pkg.onnxscript.rewriter.rule_name"}
         if FUSION_RULES[node.op_type] in rules or bias == f"{weight}_bias" or (
-                weight.startswith("onnx::Conv_") and bias.startswith("onnx::Conv_")):
+                weight.startswith("onnx::Conv_") and bias.startswith("onnx::Conv_")) or (
+                weight.endswith(TF2ONNX_FUSED_WEIGHT)):
             folded.append(weight)
     return folded
+
+
+# Converters that give an ONNX recurrence a zero recurrent bias where the source model has one bias (Wb + Rb is added
+# in each gate, so Rb = 0 is exact for inference); PyTorch's exports carry bias_ih and bias_hh, two parameters
+ZERO_RECURRENT_BIAS_PRODUCERS = {"tf2onnx"}
+
+
+def added_recurrent_biases(model: onnx.ModelProto, chosen: set[str]) -> list[str]:
+    """Chosen B inputs of the LSTM, RNN and GRU (linear_before_reset=0: there too each gate adds Wb + Rb) nodes of a
+    converter that adds a zero Rb (ZERO_RECURRENT_BIAS_PRODUCERS), where Rb is all zeros. A GRU with
+    linear_before_reset=1 (Keras's reset_after=True) has two biases in the source model too."""
+    if model.producer_name not in ZERO_RECURRENT_BIAS_PRODUCERS:
+        return []
+    found = []
+    for node in model.graph.node:
+        before_reset = next((a.i for a in node.attribute if a.name == "linear_before_reset"), 0)
+        if (node.op_type not in ("LSTM", "RNN", "GRU") or (node.op_type == "GRU" and before_reset)
+                or len(node.input) < 4 or node.input[3] not in chosen or node.input[3] in found):
+            continue
+        tensor = next((t for t in model.graph.initializer if t.name == node.input[3]), None)
+        if tensor is not None and not np.any(tensor_value(tensor)[..., tensor.dims[-1] // 2:]):
+            found.append(node.input[3])
+    return found
 
 
 def summary(a: np.ndarray) -> tuple:

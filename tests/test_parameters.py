@@ -46,6 +46,68 @@ def test_a_recurrence_initial_state_is_a_setting(op, gates, states):
     assert default_set(model) == ["W", "R", "B"]
 
 
+def keras_lstm(producer: str = "tf2onnx", recurrent_bias: float = 0.0) -> onnx.ModelProto:
+    """A Keras LSTM as tf2onnx 1.17 converts it (from_keras): the zero initial state is tf.zeros of the batch's
+    size, Expand(0-d zero, shape), read as both h0 and c0; B is Keras's one bias [4h] followed by the zero
+    recurrent half tf2onnx adds (`recurrent_bias` everywhere instead, for a model with a real one)."""
+    rng = np.random.default_rng(5)
+    hidden = 3
+    nodes = [helper.make_node("Expand", ["zeros", "state_shape"], ["h0"]),
+             helper.make_node("LSTM", ["X", "W", "R", "B", "", "h0", "h0"], ["", "Y"], hidden_size=hidden)]
+    model = model_of(nodes, {"X": [5, 2, 4]}, {
+        "zeros": np.zeros(()), "W": rng.normal(size=(1, 4 * hidden, 4)),
+        "R": rng.normal(size=(1, 4 * hidden, hidden)),
+        "B": np.concatenate([rng.normal(size=(1, 4 * hidden)), np.full((1, 4 * hidden), recurrent_bias)], 1)})
+    model.graph.initializer.append(numpy_helper.from_array(np.array([1, 2, hidden]), "state_shape"))
+    model.producer_name = producer
+    return model
+
+
+def test_a_fill_value_expanded_to_a_run_time_shape_is_a_setting():
+    """tf2onnx converts tf.zeros / tf.ones of a run-time shape (TensorFlow's Fill) to Expand(0-d value, shape):
+    a Keras LSTM's or GRU's zero initial state, and the unit scale and zero shift tf_keras's LayerNormalization
+    normalizes with through a BatchNormalization before its own gamma and beta. Keras trains none of them (its
+    trainable weights: kernel, recurrent_kernel, bias; gamma, beta); the default set had trained all three, and 5
+    SGD steps of a converted Keras LSTM text model, GRU model and Transformer block left Keras's losses by up to
+    2e-6, 8e-6 and 7e-2 (tf_keras 2.21, tf2onnx 1.17)."""
+    with pytest.warns(onnxtrain.ParameterizationWarning):  # B's added half, test_a_recurrent_bias_added_...
+        assert select_trainable(keras_lstm(), None) == ["W", "R", "B"]
+    rng = np.random.default_rng(6)
+    nodes = [helper.make_node("Expand", ["ones", "channels"], ["scale"]),
+             helper.make_node("Expand", ["zeros", "channels"], ["shift"]),
+             helper.make_node("ReduceMean", ["X"], ["mean"], axes=[0, 2], keepdims=0),
+             helper.make_node("Sub", ["X", "mean"], ["centred"]),  # the variance a LayerNormalization computes
+             helper.make_node("Mul", ["centred", "centred"], ["squares"]),
+             helper.make_node("ReduceMean", ["squares"], ["var"], axes=[0, 2], keepdims=0),
+             helper.make_node("BatchNormalization", ["X", "scale", "shift", "mean", "var"], ["N"]),
+             helper.make_node("Mul", ["N", "gamma"], ["G"]), helper.make_node("Add", ["G", "beta"], ["Y"])]
+    model = model_of(nodes, {"X": [1, 6, 4]}, {"ones": np.ones(()), "zeros": np.zeros(()),
+                                                "gamma": rng.normal(size=4), "beta": rng.normal(size=4)})
+    model.graph.initializer.append(numpy_helper.from_array(np.array([6]), "channels"))
+    assert default_set(model) == ["gamma", "beta"]
+
+
+@pytest.mark.parametrize("producer, recurrent_bias, warned", [
+    ("tf2onnx", 0.0, True), ("tf2onnx", 0.5, False), ("pytorch", 0.0, False)])
+def test_a_recurrent_bias_added_by_the_converter_is_warned_about(producer, recurrent_bias, warned):
+    """tf2onnx gives a Keras LSTM's one bias a zero recurrent half Rb in B; every gate adds Wb + Rb, so training
+    both halves moves the bias twice as far per SGD step as Keras: 5 steps of a converted Keras LSTM text model
+    matched Keras's losses (1.0387, 1.0126, 0.9885, 0.9661 after the first) only with Keras's bias step doubled
+    (1.0381, 1.0115, 0.9869, 0.9640, as onnxtrain trained it). A PyTorch export's B holds bias_ih and bias_hh,
+    two parameters: a zero bias_hh trains as PyTorch's, and is not warned about."""
+    model = keras_lstm(producer, recurrent_bias)
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.ones((), np.float32), "zeros"))  # a non-fill
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        select_trainable(model, ["W", "R", "B"])
+    messages = [str(w.message) for w in caught if w.category is onnxtrain.ParameterizationWarning]
+    assert messages == (["B: a recurrence's B whose recurrent half (Rb) is zeros the converter added for the source "
+                         "model's one bias (Keras's LSTM, GRU(reset_after=False)): the node adds Wb + Rb, so training "
+                         "both halves moves that bias twice as far per SGD step as Keras does. Leave B out of the "
+                         "trainable set, or make Rb a Constant node in the model (B = Concat(Wb, Rb)) to train it as "
+                         "Keras does"] if warned else [])
+
+
 def additive(shape: tuple[int, ...], value: float = 0.0) -> onnx.ModelProto:
     """Y = MatMul(Add(X, A), M) with A an all-`value` initializer of `shape` and M a random matrix."""
     nodes = [helper.make_node("Add", ["X", "A"], ["S"]), helper.make_node("MatMul", ["S", "M"], ["Y"])]
@@ -176,6 +238,9 @@ def conv(weight: str, bias: str, rule: str | None = None, op: str = "Conv") -> o
     ("stem.0.weight", "stem.0.weight_bias", None, "Conv"),  # dynamo's optimizer, a Conv without a bias
     ("stem.0.weight", "stem.0.bias", "FuseBatchNormIntoConv", "Conv"),  # dynamo's optimizer, a Conv's own bias
     ("onnx::Conv_62", "onnx::Conv_63", None, "Conv"),  # TorchScript's constant folding
+    # tf2onnx's optimizer (a Keras Conv2D + BatchNormalization; the default trainable set had trained the fused
+    # kernel unwarned, 5 SGD steps of a Keras CNN 6e-3 off Keras's losses)
+    ("model/conv1/BiasAdd_weights_fused_bn", "model/conv1/BiasAdd_bias_fused_bn", None, "Conv"),
     # dynamo's optimizer folds a BatchNorm into a ConvTranspose (a DCGAN generator) and into a Linear's Gemm (an
     # MLP's Linear + BatchNorm1d) too
     ("net.0.weight", "net.0.weight_bias", None, "ConvTranspose"),
