@@ -465,7 +465,8 @@ def select_trainable(model: onnx.ModelProto, trainable: str | Iterable[str] | No
         left_out = constants(model, records)
         chosen = [n for n in floats if n not in left_out and (trainable is None or re.fullmatch(trainable, n))]
         if not chosen:
-            raise AuthoringError(f"trainable: no parameter matches {trainable!r} (float initializers: {floats[:20]})")
+            raise AuthoringError(f"trainable: no parameter matches {trainable!r} (float initializers: {floats[:20]})"
+                                 f"{attribute_weights(model.graph) if not floats else ''}")
     else:
         chosen = list(trainable)
         if not chosen:
@@ -473,6 +474,19 @@ def select_trainable(model: onnx.ModelProto, trainable: str | Iterable[str] | No
         check_names(model, chosen)
     warn_about_parameterization(model, chosen, records)
     return chosen
+
+
+def attribute_weights(graph: onnx.GraphProto) -> str:
+    """Why a model without float initializers has nothing to train, where its weights are attributes of ai.onnx.ml
+    nodes (skl2onnx's LinearClassifier and LinearRegressor for float32 inputs), which no gradient reaches."""
+    ops = sorted({node.op_type for node in graph.node if node.domain == "ai.onnx.ml"
+                  and any(a.type in (onnx.AttributeProto.FLOATS, onnx.AttributeProto.TENSOR) for a in node.attribute)})
+    if not ops:
+        return ""
+    return (f"; its weights are attributes of its ai.onnx.ml nodes ({', '.join(ops)}), which ONNX's Gradient does "
+            f"not differentiate (it differentiates with respect to tensors): a model trains when its weights are "
+            f"initializers of plain ops, as skl2onnx writes a linear model for float64 inputs "
+            f"(to_onnx(model, X.astype(numpy.float64)))")
 
 
 def check_names(model: onnx.ModelProto, names: list[str]) -> None:

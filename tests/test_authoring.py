@@ -382,3 +382,81 @@ def test_an_output_named_loss_is_the_loss_and_other_names_of_the_training_graph_
     np.testing.assert_allclose(np.asarray(engine.state["W"]), w - 0.1 * x.T @ (2 * z / z.size), rtol=1e-5)
     with pytest.raises(onnxtrain.errors.AuthoringError, match=r"already has values named \['loss', 'target'\]"):
         onnxtrain.make_trainable(model_with_outputs("Z", "target"), loss="mse")
+
+
+def skl2onnx_mlp_classifier(zipmap: bool = False) -> onnx.ModelProto:
+    """An MLPClassifier(hidden_layer_sizes=(5,)) of 3 classes as skl2onnx 1.20 converts it: its outputs are the
+    label (int64) and the probabilities, Softmax of the scores `add_result1` (through an Identity), which no
+    output or value_info declares; or, by default (`zipmap`), a ZipMap's list of {class: probability} maps."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("MatMul", ["X", "coefficient"], ["mul_result"]),
+             helper.make_node("Add", ["mul_result", "intercepts"], ["add_result"]),
+             helper.make_node("Relu", ["add_result"], ["next_activations"]),
+             helper.make_node("MatMul", ["next_activations", "coefficient1"], ["mul_result1"]),
+             helper.make_node("Add", ["mul_result1", "intercepts1"], ["add_result1"]),
+             helper.make_node("Softmax", ["add_result1"], ["out_activations_result"], name="Relu1"),
+             helper.make_node("Identity", ["out_activations_result"], ["probabilities"]),
+             helper.make_node("ArgMax", ["probabilities"], ["label"], axis=1, keepdims=0)]
+    outputs = [helper.make_tensor_value_info("label", TensorProto.INT64, ["N"]),
+               helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", 3])]
+    if zipmap:
+        nodes.append(helper.make_node("ZipMap", ["probabilities"], ["output_probability"], domain="ai.onnx.ml",
+                                      classlabels_int64s=[0, 1, 2]))
+        outputs[1] = helper.make_value_info("output_probability", helper.make_sequence_type_proto(
+            helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, []))))
+    weights = {"coefficient": rng.normal(size=(4, 5)), "intercepts": rng.normal(size=5),
+               "coefficient1": rng.normal(size=(5, 3)), "intercepts1": rng.normal(size=3)}
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])],
+                              outputs, [numpy_helper.from_array(w.astype(np.float32), n) for n, w in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)])
+
+
+def test_a_converted_classifier_trains_on_the_scores_before_its_softmax():
+    """A classifier converter's outputs are a label and probabilities; cross_entropy takes logits, so on the
+    probabilities it would apply its softmax again and train toward another loss, silently (skl2onnx's
+    MLPClassifier: 1.14 against the log-loss's 1.36): refused, naming the Softmax's input. That input, which no
+    output declares, is a prediction (its type inferred): two SGD steps are NumPy's gradient of the log-loss."""
+    model = skl2onnx_mlp_classifier()
+    with pytest.raises(onnxtrain.errors.AuthoringError, match=r"prediction 'probabilities' holds probabilities, "
+                       r"the output of Softmax 'Relu1': name its input, prediction='add_result1'"):
+        onnxtrain.make_trainable(model, loss="cross_entropy", prediction="probabilities")
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="cross_entropy", prediction="add_result1",
+                                                     optimizer="sgd", learning_rate=0.5))
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(6, 4)).astype(np.float32), rng.integers(0, 3, 6)
+    w0, b0, w1, b1 = (onnx.numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer)
+    for _ in range(2):
+        loss = float(engine.train_step({"X": x, "target": y})["loss"])
+        pre = x @ w0 + b0
+        h = np.maximum(pre, 0)
+        z = h @ w1 + b1
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        np.testing.assert_allclose(loss, -np.mean(np.log(p[np.arange(6), y])), rtol=1e-5)
+        dz = (p - np.eye(3)[y]) / 6
+        dh = dz @ w1.T * (pre > 0)
+        w0, b0, w1, b1 = w0 - 0.5 * x.T @ dh, b0 - 0.5 * dh.sum(0), w1 - 0.5 * h.T @ dz, b1 - 0.5 * dz.sum(0)
+    for name, expected in zip(["coefficient", "intercepts", "coefficient1", "intercepts1"], [w0, b0, w1, b1]):
+        np.testing.assert_allclose(np.asarray(engine.state[name]), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_a_converters_maps_or_attribute_weights_say_what_to_convert_instead():
+    """skl2onnx's default classifier output is a ZipMap's list of maps, and its float32 LinearRegressor and
+    LinearClassifier hold their coefficients as attributes, which no gradient reaches: the errors say so (they had
+    said "is not a tensor" and "no parameter matches None (float initializers: [])")."""
+    from onnx import TensorProto, helper
+
+    with pytest.raises(onnxtrain.errors.AuthoringError, match=r"'output_probability' is a sequence_type, not a "
+                       r"tensor; .*a ZipMap's list of \{class: probability\} maps: convert with .*'zipmap': False"):
+        onnxtrain.make_trainable(skl2onnx_mlp_classifier(zipmap=True), loss="cross_entropy",
+                                 prediction="output_probability")
+    graph = helper.make_graph(
+        [helper.make_node("LinearRegressor", ["X"], ["variable"], domain="ai.onnx.ml", coefficients=[0.5, -1.0],
+                          intercepts=[0.25])], "linreg", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 2])],
+        [helper.make_tensor_value_info("variable", TensorProto.FLOAT, ["N", 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)])
+    with pytest.raises(onnxtrain.errors.AuthoringError, match=r"its weights are attributes of its ai.onnx.ml nodes "
+                       r"\(LinearRegressor\), which ONNX's Gradient does not differentiate.*float64"):
+        onnxtrain.make_trainable(model, loss="mse")
