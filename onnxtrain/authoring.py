@@ -324,6 +324,9 @@ def make_trainable(
         warn_of_train_mode_nodes(graph)
     opset = next((o.version for o in result.opset_import if o.domain in ("", "ai.onnx")), 1)
     inputs = add_loss(b, graph, loss, prediction, ignore_index, class_axis, label_smoothing, opset)
+    # the loss has its operand's type: a float64 model's (skl2onnx converts a linear model for float64 inputs to
+    # MatMul and Add in float64) is float64, which a declared float had refused at the first step
+    loss_type = float_tensor(graph, loss.partition(":")[2] if loss.startswith("output:") else prediction, "loss")
     params = select_trainable(result, trainable)
     # the update reads each weight's shape and dtype, never its values: zero-stride stand-ins, not a decoded copy
     weights = {t.name: np.broadcast_to(np.zeros((), helper.tensor_dtype_to_np_dtype(t.data_type)), tuple(t.dims))
@@ -338,7 +341,7 @@ def make_trainable(
     check_names_free(graph, b, inputs)
     outputs = [helper.make_value_info(value, value_type) for _, value, value_type in b.updates]
     algorithm = helper.make_graph(
-        b.nodes, "train_step", inputs, [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])] + outputs,
+        b.nodes, "train_step", inputs, [helper.make_tensor_value_info("loss", loss_type.tensor_type.elem_type, [])] + outputs,
         b.initializers,
     )
     initialization = helper.make_graph(b.init_nodes, "initialize", [], b.init_outputs) if b.init_nodes else None

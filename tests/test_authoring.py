@@ -460,3 +460,33 @@ def test_a_converters_maps_or_attribute_weights_say_what_to_convert_instead():
     with pytest.raises(onnxtrain.errors.AuthoringError, match=r"its weights are attributes of its ai.onnx.ml nodes "
                        r"\(LinearRegressor\), which ONNX's Gradient does not differentiate.*float64"):
         onnxtrain.make_trainable(model, loss="mse")
+
+
+def test_a_float64_model_trains_with_a_float64_loss():
+    """skl2onnx converts a LinearRegression for float64 inputs to MatMul and Add of float64 initializers (for
+    float32, a LinearRegressor holding them as attributes): its loss is float64, which the training graph had
+    declared float, refused at the first step ("output 'loss' ... is declared float but computes double"). Two SGD
+    steps are NumPy's, in float64."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    coef, intercept = rng.normal(size=(3, 1)), rng.normal(size=1)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "coef"], ["multiplied"]),
+         helper.make_node("Add", ["multiplied", "intercept"], ["variable"])], "linreg",
+        [helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", 3])],
+        [helper.make_tensor_value_info("variable", TensorProto.DOUBLE, ["N", 1])],
+        [numpy_helper.from_array(coef, "coef"), numpy_helper.from_array(intercept, "intercept")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=0.25))
+    x, t = rng.normal(size=(8, 3)), rng.normal(size=(8, 1))
+    rate = float(np.float32(0.25))  # the rate is fed as a float32
+    for _ in range(2):
+        loss = engine.train_step({"X": x, "target": t})["loss"]
+        z = x @ coef + intercept
+        assert np.asarray(loss).dtype == np.float64
+        np.testing.assert_allclose(float(loss), np.mean((z - t) ** 2), rtol=1e-12)
+        dz = 2 * (z - t) / z.size
+        coef, intercept = coef - rate * x.T @ dz, intercept - rate * dz.sum(0)
+    np.testing.assert_allclose(np.asarray(engine.state["coef"]), coef, rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(engine.state["intercept"]), intercept, rtol=1e-12)
