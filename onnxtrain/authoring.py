@@ -4,6 +4,7 @@ and an initialization graph that resets the optimizer (and optionally the weight
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
@@ -157,7 +158,7 @@ def add_loss(b: Builder, graph: onnx.GraphProto, loss: str, prediction: str, ign
         return [helper.make_value_info("target", pred_type)]
     if loss == "cross_entropy":
         return add_cross_entropy(b, prediction, dims(pred_type), ignore_index, 1 if class_axis is None else class_axis,
-                                 float(label_smoothing), opset)
+                                 float(label_smoothing), opset, pred_type.tensor_type.elem_type)
     # bce_logits: mean(max(x, 0) - x * t + log(1 + exp(-|x|))), the overflow-free form of BCE on logits
     b.node("Relu", [prediction], ["loss.pos"])
     b.node("Mul", [prediction, "target"], ["loss.xt"])
@@ -175,29 +176,33 @@ LOGIT_LOSSES = {"cross_entropy": "Softmax", "bce_logits": "Sigmoid"}
 
 
 def check_logits(graph: onnx.GraphProto, loss: str, prediction: str) -> None:
-    """AuthoringError for a loss on logits whose prediction is already probabilities (the Softmax or Sigmoid a
-    classifier's export ends in: skl2onnx's `probabilities`): the loss would apply its softmax again and train
-    toward another loss, silently (skl2onnx's MLPClassifier: 1.14 against the log-loss's 1.36, falling 8x more
-    slowly)."""
+    """A warning for a loss on logits whose prediction is already probabilities (the Softmax or Sigmoid a
+    classifier's export ends in: skl2onnx's `probabilities`): the loss applies its softmax again and trains toward
+    another loss (skl2onnx's MLPClassifier: 1.14 against the log-loss's 1.36, falling 8x more slowly). Not an
+    error: torch's cross_entropy on a module that ends in a softmax trains just so, and so does this."""
     producers = {o: node for node in graph.node for o in node.output}
     node = producers.get(prediction)
     while node is not None and node.op_type == "Identity":  # skl2onnx names the Softmax's output through one
         node = producers.get(node.input[0])
     if loss in LOGIT_LOSSES and node is not None and node.op_type == LOGIT_LOSSES[loss]:
-        raise AuthoringError(
+        warnings.warn(
             f"loss={loss!r} takes logits, as torch's does, but prediction {prediction!r} holds probabilities, "
-            f"the output of {node.op_type} {node.name or node.output[0]!r}: name its input, "
-            f"prediction={node.input[0]!r}")
+            f"the output of {node.op_type} {node.name or node.output[0]!r}: it trains the {loss} of those "
+            f"probabilities (as torch's loss on such a module would); for the {loss} of the logits, name its "
+            f"input: prediction={node.input[0]!r}", UserWarning, stacklevel=3)
 
 
 def add_cross_entropy(b: Builder, prediction: str, shape: list | None, ignore_index: int | None,
-                      class_axis: int, label_smoothing: float = 0.0, opset: int = 18) -> list[onnx.ValueInfoProto]:
+                      class_axis: int, label_smoothing: float = 0.0, opset: int = 18,
+                      elem: int = TensorProto.FLOAT) -> list[onnx.ValueInfoProto]:
     """Softmax cross-entropy over `class_axis` of the scores against int64 class labels (the scores' shape less
     that axis), averaged over the labels that are not `ignore_index` (None: torch's -100), as
     torch.nn.functional.cross_entropy.
     SoftmaxCrossEntropyLoss wants the classes on axis 1, so another class axis is transposed there first. With
     `label_smoothing` e, torch's: (1 - e) times that plus e times the mean over the same labels of
-    -mean(log_softmax) over the classes (the cross-entropy against a uniform target)."""
+    -mean(log_softmax) over the classes (the cross-entropy against a uniform target), summed in float32 (float64
+    for a float64 model: a half-precision sum over many labels would overflow) and returned in the scores' type
+    `elem`, as the loss without smoothing is."""
     if shape is None:
         if class_axis != 1:
             raise AuthoringError(f"class_axis={class_axis}: prediction {prediction!r} has no declared rank")
@@ -233,23 +238,24 @@ def add_cross_entropy(b: Builder, prediction: str, shape: list | None, ignore_in
         b.node("ReduceMean", ["loss.log_prob", axes.name], ["loss.mean_log_prob"], keepdims=0)
     else:
         b.node("ReduceMean", ["loss.log_prob"], ["loss.mean_log_prob"], axes=[1], keepdims=0)
-    b.node("Cast", ["loss.mean_log_prob"], ["loss.uniform_each"], to=TensorProto.FLOAT)
+    wide = TensorProto.DOUBLE if elem == TensorProto.DOUBLE else TensorProto.FLOAT
+    b.node("Cast", ["loss.mean_log_prob"], ["loss.uniform_each"], to=wide)
     # the mean over the labels that count, as the nll's
     b.node("Equal", ["target", b.scalar("ignore_index", ignore_index, TensorProto.INT64)], ["loss.ignored"])
     b.node("Not", ["loss.ignored"], ["loss.counted"])
-    b.node("Cast", ["loss.counted"], ["loss.weight"], to=TensorProto.FLOAT)
+    b.node("Cast", ["loss.counted"], ["loss.weight"], to=wide)
     b.node("Mul", ["loss.uniform_each", "loss.weight"], ["loss.uniform_kept"])
     b.node("ReduceSum", ["loss.uniform_kept"], ["loss.uniform_sum"], keepdims=0)
     b.node("ReduceSum", ["loss.weight"], ["loss.count"], keepdims=0)
     # at least 1: with every label ignored the sum is 0 and the loss already the nll's NaN, as torch's, while
     # 1 / 0 would reach the gradient as inf times the ignored labels' zeros, a NaN
-    b.node("Max", ["loss.count", b.scalar("one", 1, TensorProto.FLOAT)], ["loss.divisor"])
+    b.node("Max", ["loss.count", b.scalar("one", 1, wide)], ["loss.divisor"])
     b.node("Div", ["loss.uniform_sum", "loss.divisor"], ["loss.uniform_negative"])
-    b.node("Cast", ["loss.nll"], ["loss.nll_float"], to=TensorProto.FLOAT)
-    b.node("Mul", ["loss.nll_float", b.scalar("kept", 1 - label_smoothing, TensorProto.FLOAT)], ["loss.hard"])
-    b.node("Mul", ["loss.uniform_negative", b.scalar("smoothing", label_smoothing, TensorProto.FLOAT)],
-           ["loss.soft_negative"])
-    b.node("Sub", ["loss.hard", "loss.soft_negative"], ["loss"])
+    b.node("Cast", ["loss.nll"], ["loss.nll_wide"], to=wide)
+    b.node("Mul", ["loss.nll_wide", b.scalar("kept", 1 - label_smoothing, wide)], ["loss.hard"])
+    b.node("Mul", ["loss.uniform_negative", b.scalar("smoothing", label_smoothing, wide)], ["loss.soft_negative"])
+    b.node("Sub", ["loss.hard", "loss.soft_negative"], ["loss.wide"])
+    b.node("Cast", ["loss.wide"], ["loss"], to=elem)
     return [helper.make_tensor_value_info("target", TensorProto.INT64, label_shape)]
 
 

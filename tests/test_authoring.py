@@ -415,12 +415,13 @@ def skl2onnx_mlp_classifier(zipmap: bool = False) -> onnx.ModelProto:
 
 def test_a_converted_classifier_trains_on_the_scores_before_its_softmax():
     """A classifier converter's outputs are a label and probabilities; cross_entropy takes logits, so on the
-    probabilities it would apply its softmax again and train toward another loss, silently (skl2onnx's
-    MLPClassifier: 1.14 against the log-loss's 1.36): refused, naming the Softmax's input. That input, which no
-    output declares, is a prediction (its type inferred): two SGD steps are NumPy's gradient of the log-loss."""
+    probabilities it applies its softmax again and trains toward another loss (skl2onnx's MLPClassifier: 1.14
+    against the log-loss's 1.36), as torch's would on such a module: warned, naming the Softmax's input. That
+    input, which no output declares, is a prediction (its type inferred): two SGD steps are NumPy's gradient of
+    the log-loss."""
     model = skl2onnx_mlp_classifier()
-    with pytest.raises(onnxtrain.errors.AuthoringError, match=r"prediction 'probabilities' holds probabilities, "
-                       r"the output of Softmax 'Relu1': name its input, prediction='add_result1'"):
+    with pytest.warns(UserWarning, match=r"prediction 'probabilities' holds probabilities, the output of Softmax "
+                      r"'Relu1': .* name its input: prediction='add_result1'"):
         onnxtrain.make_trainable(model, loss="cross_entropy", prediction="probabilities")
     engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="cross_entropy", prediction="add_result1",
                                                      optimizer="sgd", learning_rate=0.5))
@@ -490,3 +491,36 @@ def test_a_float64_model_trains_with_a_float64_loss():
         coef, intercept = coef - rate * x.T @ dz, intercept - rate * dz.sum(0)
     np.testing.assert_allclose(np.asarray(engine.state["coef"]), coef, rtol=1e-12)
     np.testing.assert_allclose(np.asarray(engine.state["intercept"]), intercept, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])
+def test_label_smoothing_keeps_a_half_or_double_models_loss_type(dtype):
+    """The smoothed cross-entropy sums in float32 (float64 for a float64 model) and returns the scores' type, as
+    the loss without smoothing does: the loss had been float32 whatever the scores, which a training graph
+    declaring the prediction's type refused at the first step. The loss and one SGD step against torch's
+    cross_entropy(label_smoothing=0.1) on the same scores, in float64 (float16: torch in float32 from the same
+    float16 weights, to float16's precision)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    rng = np.random.default_rng(4)
+    w = rng.normal(size=(6, 5)).astype(dtype)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])], "scores",
+        [helper.make_tensor_value_info("X", elem, [4, 6])], [helper.make_tensor_value_info("Y", elem, [4, 5])],
+        [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="cross_entropy", optimizer="sgd",
+                                                     learning_rate=0.5, label_smoothing=0.1))
+    x, labels = rng.normal(size=(4, 6)).astype(dtype), np.array([0, 1, -100, 4])
+    loss = engine.train_step({"X": x, "target": labels})["loss"]
+    wide = np.float64 if dtype == np.float64 else np.float32
+    weight = torch.from_numpy(w.astype(wide)).requires_grad_()
+    expected = F.cross_entropy(torch.from_numpy(x.astype(wide)) @ weight, torch.from_numpy(labels),
+                               label_smoothing=0.1)
+    expected.backward()
+    tolerance = 1e-12 if dtype == np.float64 else 2e-3
+    assert np.asarray(loss).dtype == dtype
+    np.testing.assert_allclose(float(loss), expected.item(), rtol=tolerance)
+    np.testing.assert_allclose(np.asarray(engine.state["W"], wide), w - np.float32(0.5) * weight.grad.numpy(),
+                               rtol=tolerance, atol=tolerance)
