@@ -277,8 +277,9 @@ def constants(model: onnx.ModelProto, records: ExportRecords) -> dict[str, str]:
     made, results = made_inside_calls(model.graph, records), folded_results(records)
     made |= {name: f"folded from values the source model made in forward ({', '.join(sources)})"
              for name, sources in records.made_in_forward.items() if name not in made}
-    made |= {name: "a 0-d fill value expanded to a run-time shape (tf.zeros / tf.ones, as tf2onnx converts them)"
-             for name in fill_values(model.graph) if name not in made and name not in results}
+    if model.producer_name in FILL_VALUE_PRODUCERS:
+        made |= {name: "a 0-d fill value expanded to a run-time shape (tf.zeros / tf.ones, as tf2onnx converts them)"
+                 for name in fill_values(model.graph) if name not in made and name not in results}
     reasons = {}
     for tensor in model.graph.initializer:
         if tensor.data_type in TRAINING_FLOAT_TYPES:
@@ -287,6 +288,11 @@ def constants(model: onnx.ModelProto, records: ExportRecords) -> dict[str, str]:
             if reason:
                 reasons[tensor.name] = reason
     return reasons
+
+
+# Converters whose Expand of a 0-d initializer is a fill (tf.zeros / tf.ones of a run-time shape), never a parameter:
+# a TorchScript export of a 0-d parameter's `expand` is the same pattern with no record, and trains
+FILL_VALUE_PRODUCERS = {"tf2onnx"}
 
 
 def fill_values(graph: onnx.GraphProto) -> list[str]:

@@ -84,7 +84,40 @@ def test_a_fill_value_expanded_to_a_run_time_shape_is_a_setting():
     model = model_of(nodes, {"X": [1, 6, 4]}, {"ones": np.ones(()), "zeros": np.zeros(()),
                                                 "gamma": rng.normal(size=4), "beta": rng.normal(size=4)})
     model.graph.initializer.append(numpy_helper.from_array(np.array([6]), "channels"))
+    model.producer_name = "tf2onnx"
     assert default_set(model) == ["gamma", "beta"]
+
+
+def test_a_torchscript_export_of_an_expanded_0d_parameter_trains_it():
+    """The fill-value rule is tf2onnx's: TorchScript exports `alpha.expand(batch, 4)` of a 0-d parameter as the
+    same Expand(0-d initializer, run-time shape) with no record, and PyTorch trains alpha (it had been left out
+    silently while the rule held for every producer). Two SGD steps against PyTorch's."""
+    torch = pytest.importorskip("torch")
+
+    class Shifted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.alpha = torch.nn.Linear(4, 4), torch.nn.Parameter(torch.tensor(0.5))
+
+        def forward(self, x):
+            return self.lin(x) + self.alpha.expand(x.shape[0], 4)
+
+    torch.manual_seed(0)
+    module, x, target = Shifted(), torch.randn(3, 4), torch.randn(3, 4)
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (x,), buffer, dynamo=False, input_names=["x"], dynamic_axes={"x": {0: "b"}})
+    model = onnx.load_from_string(buffer.getvalue())
+    assert any(n.op_type == "Expand" and n.input[0] == "alpha" for n in model.graph.node)
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=0.1))
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    for _ in range(2):
+        engine.train_step({"x": x.numpy(), "target": target.numpy()})
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(module(x), target).backward()
+        optimizer.step()
+    np.testing.assert_allclose(float(engine.state["alpha"]), module.alpha.item(), rtol=1e-6)
 
 
 @pytest.mark.parametrize("producer, recurrent_bias, warned", [
