@@ -347,7 +347,8 @@ def make_trainable(
     check_names_free(graph, b, inputs)
     outputs = [helper.make_value_info(value, value_type) for _, value, value_type in b.updates]
     algorithm = helper.make_graph(
-        b.nodes, "train_step", inputs, [helper.make_tensor_value_info("loss", loss_type.tensor_type.elem_type, [])] + outputs,
+        b.nodes, "train_step", inputs,
+        [helper.make_tensor_value_info("loss", loss_type.tensor_type.elem_type, [])] + outputs,
         b.initializers,
     )
     initialization = helper.make_graph(b.init_nodes, "initialize", [], b.init_outputs) if b.init_nodes else None

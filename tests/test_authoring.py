@@ -455,7 +455,8 @@ def test_a_converters_maps_or_attribute_weights_say_what_to_convert_instead():
                                  prediction="output_probability")
     graph = helper.make_graph(
         [helper.make_node("LinearRegressor", ["X"], ["variable"], domain="ai.onnx.ml", coefficients=[0.5, -1.0],
-                          intercepts=[0.25])], "linreg", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 2])],
+                          intercepts=[0.25])],
+        "linreg", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 2])],
         [helper.make_tensor_value_info("variable", TensorProto.FLOAT, ["N", 1])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)])
     with pytest.raises(onnxtrain.errors.AuthoringError, match=r"its weights are attributes of its ai.onnx.ml nodes "
