@@ -155,7 +155,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         raise
     if history.losses:
         for step, loss in zip(history.steps, history.losses):
-            print(f"step {step + done:>6}  loss {loss:.6f}")
+            print(f"step {step:>6}  loss {loss:.6f}")  # fit numbers them as the engine counts
         print(f"loss {history.losses[0]:.6f} -> {history.losses[-1]:.6f} over {remaining} steps")
     if args.output:
         if not remaining:  # fit wrote it at each checkpoint and at the end: here, nothing ran

@@ -106,7 +106,8 @@ def nonfinite_state(engine: Engine) -> list[str]:
 
 
 def check_finite(engine: Engine, step: int, losses: Mapping[str, float], state: bool = False) -> None:
-    """DivergenceError naming the step if a loss (or with `state`, a float state variable) is NaN or infinite."""
+    """DivergenceError naming the step if a loss (or with `state`, a float state variable) is NaN or infinite;
+    `step`: the step's index in this fit call (the message names the engine's step count too)."""
     culprits = [f"loss {name!r} is {value}" for name, value in losses.items() if not np.isfinite(value)]
     if state and not culprits:
         culprits = [f"state variable(s) {names} hold NaN or infinity" for names in [nonfinite_state(engine)] if names]
@@ -131,7 +132,8 @@ def divergence_advice(engine: Engine) -> str:
 
 @dataclass
 class History:
-    """Loss at the logged steps, and whatever `evaluate` returned at the evaluated ones."""
+    """Loss at the logged steps, and whatever `evaluate` returned at the evaluated ones. A step's number is the
+    engine's step count before it (0 for a run's first step), so a resumed run's numbers go on from its checkpoint."""
 
     steps: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
@@ -153,7 +155,13 @@ def fit(
     checkpoint: str | Path | None = None,
     checkpoint_every: int = 1000,
 ) -> History:
-    """Run `steps` train steps over `batches`. The loss is read back (a host sync) every `log_every` steps.
+    """Run `steps` more train steps over `batches`. The loss is read back (a host sync) every `log_every` steps.
+
+    Steps are numbered as the engine counts them (`engine.step_count`, which a checkpoint restores), not from 0
+    in each call: History's step numbers and the `log_every`, `eval_every` and `checkpoint_every` phases are
+    those of the whole run, so a run resumed from a checkpoint logs, evaluates and checkpoints at the steps the
+    uninterrupted run did (a call also logs its first and last steps). `steps` is the number this call takes:
+    to end a resumed run at step `total`, pass `total - engine.step_count`.
 
     `learning_rate`: a value or a schedule `step -> rate`, fed as the algorithm input `learning_rate` (what
     make_trainable declares; a 0-d float32 feed, so a new rate never recompiles); each rate must be a finite
@@ -184,18 +192,21 @@ def fit(
         return history
     engine.check_feeds(first, algorithm)  # a wrong batch fails before the progress bar starts
     iterator = itertools.chain([first], iterator)
-    with tqdm(total=steps, disable=not progress, unit="step") as bar:
-        for step in range(steps):
+    # the run's step numbers: a call that goes on from a checkpoint keeps the uninterrupted run's phases (they had
+    # restarted at 0, so a run resumed at step 2310 checkpointed at 2410 where the uninterrupted one did at 2400)
+    start = engine.step_count
+    with tqdm(initial=start, total=start + steps, disable=not progress, unit="step") as bar:
+        for step in range(start, start + steps):
             batch = next(iterator, None)
             if batch is None:
                 break
             if schedule is not None:
                 batch = {**batch, LEARNING_RATE: np.float32(learning_rate_at(schedule, engine.step_count))}
             outputs = engine.train_step(batch, algorithm=algorithm)
-            last = step == steps - 1
-            if loss is not None and (step % log_every == 0 or last):
+            last = step == start + steps - 1
+            if loss is not None and (step % log_every == 0 or step == start or last):
                 value = float(outputs[loss])
-                check_finite(engine, step, {loss: value})
+                check_finite(engine, step - start, {loss: value})
                 history.steps.append(step)
                 history.losses.append(value)
                 bar.set_postfix({loss: f"{value:.5f}"})
@@ -203,7 +214,7 @@ def fit(
                 history.eval_steps.append(step)
                 history.metrics.append(dict(evaluate(engine)))
             if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or last):
-                check_finite(engine, step, {loss: float(outputs[loss])} if loss else {}, state=True)
+                check_finite(engine, step - start, {loss: float(outputs[loss])} if loss else {}, state=True)
                 engine.export(checkpoint)
             bar.update(1)
     return history

@@ -65,3 +65,32 @@ def test_array_batches_from_a_start_are_those_the_whole_stream_takes_there():
             got = next(resumed)
             for name in rows:
                 np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_a_resumed_fit_logs_evaluates_and_checkpoints_at_the_uninterrupted_runs_steps(tmp_path):
+    """fit numbers its steps as the engine counts them (what a checkpoint restores): a run resumed at step 5 writes
+    its checkpoints at steps 8 and 10, as the uninterrupted run does (the phases had restarted at 0: 9 and 10),
+    and History's steps go on from 5 with the uninterrupted run's losses."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(12, 2)).astype(np.float32)
+    data = {"X": x, "target": (x @ np.array([[1.0], [-3.0]])).astype(np.float32)}
+    path = tmp_path / "ckpt.onnx"
+
+    def run(engine: onnxtrain.Engine, steps: int) -> tuple[onnxtrain.History, list[int]]:
+        written, export = [], engine.export
+        engine.export = lambda target: (written.append(engine.step_count), export(target))  # the steps it saves at
+        batches = onnxtrain.array_batches(data, 4, seed=3, start=engine.step_count)
+        history = onnxtrain.fit(engine, batches, steps, log_every=3, progress=False,
+                                evaluate=lambda e: {"steps": e.step_count}, eval_every=4,
+                                checkpoint=path, checkpoint_every=4)
+        return history, written
+
+    whole, saved = run(onnxtrain.load(matmul_sgd(0.1)), 10)
+    assert saved == [4, 8, 10] and whole.steps == [0, 3, 6, 9] and whole.eval_steps == [3, 7, 9]
+    _, saved = run(onnxtrain.load(matmul_sgd(0.1)), 5)
+    assert saved == [4, 5]
+    resumed, saved = run(onnxtrain.load(path), 5)
+    assert saved == [8, 10]
+    assert resumed.steps == [5, 6, 9]  # a call's first step is logged too
+    assert resumed.eval_steps == [7, 9] and resumed.metrics == [{"steps": 8}, {"steps": 10}]
+    np.testing.assert_array_equal(resumed.losses[1:], whole.losses[2:])
