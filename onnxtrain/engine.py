@@ -164,6 +164,25 @@ def check_matmul_precision(precision: Any, device: jax.Device, mixed_precision: 
                           f"cannot compute ({exc})") from exc
 
 
+# What JAX raises when it cannot lower or compile a traced program: NotImplementedError for an operation without a
+# lowering rule on this platform ("MLIR translation rule for primitive ... not found for platform cpu"), ValueError
+# or TypeError from a rule that refuses its operands. They come before the launch, so nothing ran; an op's own
+# lowering failing in the trace is already a NodeError naming its node (lower/walker.py), and onnxtrain's errors
+# are none of these types. They had come out of train_step and infer as they were, not as the documented StepError.
+LOWERING_ERRORS = (NotImplementedError, ValueError, TypeError)
+
+
+def lowering_failure(call: str, exc: Exception, state: str = "") -> StepError:
+    """The StepError for `call` (what failed: "train step 3 (algorithm 0)", "infer") whose program JAX could not
+    lower or compile (`exc`, one of LOWERING_ERRORS); `state`: what became of the state, when the call updates it."""
+    return StepError(f"{call} failed before it ran: JAX could not lower or compile its program{state}: "
+                     f"{type(exc).__name__}: {first_line(exc)}")
+
+
+def first_line(exc: Exception) -> str:
+    return (str(exc).splitlines() or [""])[0]
+
+
 def feed_lists(graphs: list[Graph]) -> tuple[list[ValueInfo], list[ValueInfo]]:
     """(required, optional) feeds of a concatenation of graphs: an input with an initializer is optional."""
     initialized = {name for g in graphs for name in g.initializers}
@@ -396,7 +415,10 @@ class Engine:
         """Run ModelProto.graph on `feeds` with the current state; returns {output name: array}."""
         checked = self._placement.feeds(self.check_feeds(feeds), self._declared)
         with self.lock:  # launched on the state of one moment: a step in another thread waits to donate it
-            _, outputs = self._infer(self._state, self._main_consts, self._key, feeds=checked)
+            try:
+                _, outputs = self._infer(self._state, self._main_consts, self._key, feeds=checked)
+            except LOWERING_ERRORS as exc:
+                raise lowering_failure("infer", exc) from exc
         return {name: outputs[name] for name in self._output_names}
 
     def train_step(self, feeds: Mapping[str, Any], algorithm: int = 0) -> dict[str, Any]:
@@ -432,16 +454,10 @@ class Engine:
                         self._rebuild()
                     raise
                 except jax.errors.JaxRuntimeError as exc:
-                    # said as it is: whether the buffers went with the step depends on the platform and the failure
-                    lost = any(v.is_deleted() for v in self._state.values())
-                    if lost and self._rebuild is not None:
-                        self._rebuild()
-                        lost = False
-                    fate = "the state was donated to it and is lost" if lost else "the state is as before it"
-                    raise StepError(
-                        f"train step {self.step_count + 1} (algorithm {algorithm}) failed while running ({fate}): "
-                        f"{str(exc).splitlines()[0]}"
-                    ) from exc
+                    raise StepError(f"{self._this_step(algorithm)} failed while running ({self._state_after()}): "
+                                    f"{first_line(exc)}") from exc
+                except LOWERING_ERRORS as exc:
+                    raise lowering_failure(self._this_step(algorithm), exc, f" ({self._state_after()})") from exc
                 if signature is not None:
                     self._ran.add((algorithm, signature))
                 self._state, self._step = state, step
@@ -449,6 +465,18 @@ class Engine:
                 self._step_behind |= not self._notes[algorithm]["draws"]
                 self.step_count += 1
         return outputs
+
+    def _this_step(self, algorithm: int) -> str:
+        return f"train step {self.step_count + 1} (algorithm {algorithm})"
+
+    def _state_after(self) -> str:
+        """What a failed step left of the state, said as it is (whether the buffers went with the step depends on
+        the platform and the failure): rebuilt where `_rebuild` can, it is as before the step."""
+        lost = any(v.is_deleted() for v in self._state.values())
+        if lost and self._rebuild is not None:
+            self._rebuild()
+            lost = False
+        return "the state was donated to it and is lost" if lost else "the state is as before it"
 
     def lower(self, feeds: Mapping[str, Any], algorithm: int | None = None) -> jax.stages.Lowered:
         """The XLA program that `infer(feeds)` (algorithm None) or `train_step(feeds, algorithm)` runs, lowered

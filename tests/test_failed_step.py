@@ -1,7 +1,9 @@
-"""A train step that fails while it runs (here: out of memory on a batch too large) leaves the state as it was."""
+"""A train step that fails while it runs (here: out of memory on a batch too large), or before it runs because JAX
+cannot lower its program, leaves the state as it was."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -15,6 +17,9 @@ import pytest
 from onnx import numpy_helper
 
 import onnxtrain
+from onnxtrain.errors import StepError
+from onnxtrain.lower import registry
+from training_models import matmul_sgd
 
 EXAMPLE = Path(onnxtrain.__file__).parent / "examples"
 
@@ -115,3 +120,64 @@ def test_ctrl_c_during_a_step_leaves_a_whole_state(steps_before):
         reference.train_step(small)
     for name, value in reference.state.items():
         np.testing.assert_array_equal(np.asarray(engine.state[name]), np.asarray(value), err_msg=name)
+
+
+def test_a_program_jax_cannot_lower_is_a_step_error_and_the_state_stays(monkeypatch):
+    """JAX refusing to lower a step's program (here a primitive whose MLIR lowering rule raises ValueError, as a rule
+    refuses operands its platform cannot compute, while `refuse` holds a message) is a StepError naming the step,
+    JAX's error its __cause__ (it had come out of train_step and infer as it was); nothing ran, and once the
+    program lowers, training goes on from the state before the failure: NumPy's SGD steps."""
+    from jax.extend.core import Primitive
+    from jax.interpreters import ad, mlir
+
+    refuse: list[str] = []
+
+    def lowering(ctx, x):
+        if refuse:
+            raise ValueError(refuse[0])
+        return [x]
+
+    identity = Primitive("onnxtrain_test_identity")  # an identity that XLA sees only through `lowering`
+    identity.def_abstract_eval(lambda x: x)
+    identity.def_impl(lambda x: x)
+    ad.deflinear2(identity, lambda ct, x: [ct])
+    mlir.register_lowering(identity, lowering)
+    key = ("", "MatMul", 13)
+    matmul = registry.lookup(*key)
+    monkeypatch.setitem(registry._REGISTRY, key,
+                        dataclasses.replace(matmul, fn=lambda a, b: identity.bind(matmul.fn(a, b))))
+    engine = onnxtrain.load(matmul_sgd(0.1))
+    for program in (engine._infer, engine._train[0]):
+        program.store = lambda: None  # traced and lowered here, not read from an earlier process's store
+    rng = np.random.default_rng(0)
+
+    def batch(rows: int) -> dict[str, np.ndarray]:
+        x = rng.normal(size=(rows, 2)).astype(np.float32)
+        return {"X": x, "target": (x @ np.array([[1.0], [-3.0]])).astype(np.float32)}
+
+    def sgd(w: np.ndarray, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        x, t = feeds["X"], feeds["target"]
+        return w - 0.1 * x.T @ (2 * (x @ w - t) / t.size)
+
+    w = np.zeros((2, 1))
+    for _ in range(2):
+        feeds = batch(4)
+        engine.train_step(feeds)
+        w = sgd(w, feeds)
+    refuse.append("this platform cannot lower it")
+    feeds = batch(8)  # new shapes: a new program to lower
+    with pytest.raises(StepError, match=r"^train step 3 \(algorithm 0\) failed before it ran: JAX could not lower or "
+                       r"compile its program \(the state is as before it\): ValueError: this platform cannot") as failed:
+        engine.train_step(feeds)
+    assert isinstance(failed.value.__cause__, ValueError)
+    assert engine.step_count == 2
+    np.testing.assert_allclose(np.asarray(engine.state["W"]), w, rtol=1e-5)
+    with pytest.raises(StepError, match=r"^infer failed before it ran: .*ValueError: this platform cannot") as failed:
+        engine.infer({"X": feeds["X"]})
+    assert isinstance(failed.value.__cause__, ValueError)
+    refuse.clear()
+    engine.train_step(feeds)
+    w = sgd(w, feeds)
+    assert engine.step_count == 3
+    np.testing.assert_allclose(np.asarray(engine.state["W"]), w, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(engine.infer({"X": feeds["X"]})["Y"]), feeds["X"] @ w, rtol=1e-5)
