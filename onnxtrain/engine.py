@@ -51,7 +51,7 @@ from .placement import Placement, host_array
 from .program import Program, tracing
 from . import steps
 from .state.bindings import Algorithm, parse_training_info, state_owners
-from .state.store import load_npz, save_npz
+from .state.store import load_checkpoint, save_npz
 
 # Float inputs an op reads when it is traced (they set its output's shape or its sampling plan); Split-1's sizes
 # are typed like its data (T, float), later versions' are int64 (static anyway)
@@ -555,9 +555,13 @@ class Engine:
         save_npz(path, state, meta)
 
     def load_state(self, path: str | Path) -> None:
-        """Restore a save_state checkpoint of this model: it must hold exactly the model's state variables,
-        each with its shape and dtype (StateError listing every difference otherwise; the state is unchanged)."""
-        values, meta = load_npz(path)
+        """Restore a checkpoint of this model, in place (nothing is compiled again): a save_state .npz, or a model
+        `export` wrote (fit's `checkpoint`, `onnxtrain train -o`), whose state variables (its TrainingInfoProtos'
+        binding keys) and step count are read from its initializers and metadata, its external data as `load`
+        reads it. It must hold exactly the model's state variables, each with its shape and dtype (StateError
+        listing every difference otherwise: a checkpoint of another model too); any refusal, a damaged file
+        included, leaves the state and step count unchanged."""
+        values, step = load_checkpoint(path)
         missing = sorted(set(self._state) - set(values))
         unknown = sorted(set(values) - set(self._state))
         mismatched = [
@@ -574,7 +578,7 @@ class Engine:
         with self.lock, jax.enable_x64(True):
             self._state = {**self._state, **self._placement.put(values)}
             self._holds_stored = False
-            self.step_count = int(meta.get("step", 0))
+            self.step_count = int(step)
             self._step = None
             self._rebuild = None
 

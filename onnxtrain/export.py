@@ -122,6 +122,32 @@ def owner_graphs(model: onnx.ModelProto) -> dict[int | None, onnx.GraphProto]:
     return {None: model.graph, **{k: info.algorithm for k, info in enumerate(model.training_info)}}
 
 
+def binding_owners(model: onnx.ModelProto) -> dict[str, int | None]:
+    """Each state variable of `model` (a binding key of one of its TrainingInfoProtos) -> the graph whose initializer
+    holds it, keyed as `state_owner` keys them, read from the proto as state.bindings.state_owners places them on
+    the built graphs: ModelProto.graph's where it has one, else that TrainingInfoProto's algorithm's. ModelLoadError
+    for a key neither holds (a model `load` refuses: BindingError)."""
+    graphs = owner_graphs(model)
+    held = {owner: {t.name for t in g.initializer} | {s.values.name for s in g.sparse_initializer}
+            for owner, g in graphs.items()}
+    owners: dict[str, int | None] = {}
+    for k, info in enumerate(model.training_info):
+        for key in (e.key for e in (*info.initialization_binding, *info.update_binding)):
+            owners[key] = None if key in held[None] else k
+            if key not in held[owners[key]]:
+                raise ModelLoadError(f"training_info[{k}] binds {key!r}, an initializer of neither ModelProto.graph "
+                                     "nor its algorithm")
+    return owners
+
+
+def exported_state(model: onnx.ModelProto, folder: Path | None) -> tuple[dict[str, np.ndarray], int]:
+    """The state (every state variable's value, by name) and step count that `with_state` wrote into `model`, read
+    from `folder` by model.read_model(path, keep_state=True): the state's external data straight into its arrays
+    (ExternalValues, confined to `folder` as at load). ModelLoadError for a damaged tensor or step count."""
+    external = None if folder is None else ExternalValues(folder)
+    return dict(stored_state(model, binding_owners(model), external=external)), saved_step_count(model)
+
+
 def without_state_bytes(model: onnx.ModelProto, state_owner: Mapping[str, int | None], zero: frozenset[str],
                         checksums: Mapping[str, int]) -> tuple[onnx.ModelProto, dict[str, int]]:
     """`model` without the bytes of its state variables (except the `zero` ones, which hold none already), and

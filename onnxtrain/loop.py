@@ -122,7 +122,7 @@ def divergence_advice(engine: Engine) -> str:
     """What to change. Under float16 the likeliest cause is the static loss scale: a scaled gradient past
     float16's largest value (65504) is infinite, and no step is skipped as PyTorch's GradScaler would
     (lower/autocast.py), so the scale is named first (CLIP's zoo model diverges at step 1 at 2**12, trains at 2**8)."""
-    advice = "lower the learning rate or restart from the last checkpoint"
+    advice = "lower the learning rate, or restore the last checkpoint (engine.load_state(checkpoint))"
     precision = engine.mixed_precision
     if precision is not None and precision.loss_scale != 1.0:
         return (f"lower the loss scale (load's loss_scale, CLI --loss-scale; now {precision.loss_scale:g}: a scaled "

@@ -218,6 +218,68 @@ def test_damaged_checkpoint_raises_state_error_naming_the_file(tmp_path, damage)
     assert_same_state(host_state(engine), state)
 
 
+def exported(change):
+    """A damage of the good export: `change` applied to its model proto, which is saved in place."""
+    def write(path, good: bytes) -> None:
+        model = onnx.load_from_string(good)
+        change(model)
+        onnx.save(model, path)
+    return write
+
+
+def shorten_w1(model: onnx.ModelProto) -> None:
+    tensor = next(t for t in model.graph.initializer if t.name == "W1")
+    tensor.raw_data = tensor.raw_data[:-4]
+
+
+def escape_folder(model: onnx.ModelProto) -> None:
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = "../" + entry.value
+
+
+DAMAGED_EXPORTS = {
+    "truncated": write_truncated,
+    "step is no count": exported(lambda m: m.metadata_props.add(key="onnxtrain.step", value="-1")),
+    "state tensor short": exported(shorten_w1),
+    "external data outside the folder": exported(escape_folder),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED_EXPORTS.values(), ids=DAMAGED_EXPORTS.keys())
+def test_damaged_exported_checkpoint_raises_state_error_naming_the_file(tmp_path, monkeypatch, damage):
+    """load_state reads an exported model (fit's checkpoints) as strictly as an .npz, external data as `load`
+    reads it: confined to the model's folder. The export escaping it keeps its weights in external data (a copy in
+    the folder above, where the escaping location would find them)."""
+    monkeypatch.setattr(onnxtrain.big_models, "INLINE_BYTES", 0)
+    engine = trained(1)
+    (tmp_path / "good").mkdir()
+    engine.export(tmp_path / "good" / "good.onnx", external_data=damage is DAMAGED_EXPORTS["external data outside "
+                                                                                          "the folder"])
+    for data in (tmp_path / "good").glob("*.data"):
+        (tmp_path / data.name).write_bytes(data.read_bytes())
+    state = host_state(engine)
+    path = tmp_path / "good" / "damaged.onnx"
+    damage(path, (tmp_path / "good" / "good.onnx").read_bytes())
+    with pytest.raises(StateError, match="damaged.onnx"):
+        engine.load_state(path)
+    assert engine.step_count == 1
+    assert_same_state(host_state(engine), state)
+
+
+def test_load_state_reads_an_export_with_external_data(tmp_path, monkeypatch):
+    monkeypatch.setattr(onnxtrain.big_models, "INLINE_BYTES", 0)
+    source = trained(3)
+    source.export(tmp_path / "ckpt.onnx", external_data=True)
+    assert uses_external_data(next(t for t in onnx.load(tmp_path / "ckpt.onnx", load_external_data=False)
+                                   .graph.initializer if t.name == "W1"))
+    engine = trained(1)
+    engine.load_state(tmp_path / "ckpt.onnx")
+    assert engine.step_count == 3
+    assert_same_state(host_state(engine), host_state(source))
+
+
 def test_load_state_refuses_what_is_not_a_regular_zip_file_without_reading_it(tmp_path):
     """A FIFO blocked np.load forever; /dev/zero and other non-archives got NumPy's advice to allow pickles."""
     engine = trained(1)

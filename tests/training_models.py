@@ -142,8 +142,8 @@ def scaled_model_two_algorithms(w0, b0, lr_w: float, lr_b: float) -> onnx.ModelP
     return model(graph, [sgd("W", lr_w, "0"), sgd("B", lr_b, "1")])
 
 
-def matmul_sgd(learning_rate: float) -> onnx.ModelProto:
-    """Y = X @ W (W zeros, [2, 1]) made trainable with make_trainable's MSE loss and SGD."""
+def matmul_sgd(learning_rate: float, optimizer: str = "sgd") -> onnx.ModelProto:
+    """Y = X @ W (W zeros, [2, 1]) made trainable with make_trainable's MSE loss and SGD (or `optimizer`)."""
     import onnxtrain
 
     graph = helper.make_graph(
@@ -153,4 +153,4 @@ def matmul_sgd(learning_rate: float) -> onnx.ModelProto:
         [numpy_helper.from_array(np.zeros((2, 1), np.float32), "W")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    return onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=learning_rate)
+    return onnxtrain.make_trainable(model, loss="mse", optimizer=optimizer, learning_rate=learning_rate)

@@ -13,8 +13,10 @@ import numpy as np
 from numpy.lib.npyio import NpzFile
 
 from ..atomic import replace_atomically, writable_target
-from ..errors import StateError
+from ..errors import ExternalDataError, ModelLoadError, StateError
+from ..export import exported_state
 from ..external_data import open_regular_file
+from ..model import read_model
 
 
 def check_assignment(name: str, value: Any, current: Any, source: str) -> None:
@@ -64,22 +66,40 @@ HEADER = "__onnxtrain__"
 DAMAGE = (OSError, ValueError, EOFError, KeyError, TypeError, zipfile.BadZipFile, zlib.error)
 
 
-def load_npz(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Read a checkpoint written by save_npz; StateError naming the file for anything else or anything damaged.
-    Only a regular file is opened (np.load of a FIFO blocked forever), and only a zip archive is handed to
-    np.load, whose error for any other file advised allow_pickle."""
+def load_checkpoint(path: str | Path) -> tuple[dict[str, np.ndarray], int]:
+    """The state variables and step count of a checkpoint: save_npz's .npz archive, or a model Engine.export wrote
+    (fit's and `onnxtrain train -o`'s checkpoints), told apart by the archive's first bytes. StateError naming the
+    file for anything else or anything damaged. Only a regular file is opened (np.load of a FIFO blocked forever),
+    only a zip archive is handed to np.load, whose error for any other file advised allow_pickle, and a model is
+    read as `load` reads one (model.read_model: its external data confined to its folder)."""
     if not isinstance(path, (str, os.PathLike)) or "\0" in str(path):
         raise StateError(f"cannot read state checkpoint {path!r}: not a file path")
     file, _ = open_regular_file(Path(path), StateError, f"state checkpoint {str(path)!r}")
     with file:
-        if file.read(len(ZIP_MAGIC)) != ZIP_MAGIC:
-            raise StateError(f"{str(path)!r} is not an onnxtrain state checkpoint (not an .npz archive)")
-        file.seek(0)
-        try:
-            data = np.load(file, allow_pickle=False)
-        except DAMAGE as exc:
-            raise StateError(f"cannot read state checkpoint {str(path)!r}: {exc}") from exc
-        return read_archive(data, path)
+        if file.read(len(ZIP_MAGIC)) == ZIP_MAGIC:
+            file.seek(0)
+            try:
+                data = np.load(file, allow_pickle=False)
+            except DAMAGE as exc:
+                raise StateError(f"cannot read state checkpoint {str(path)!r}: {exc}") from exc
+            state, meta = read_archive(data, path)
+            return state, meta.get("step", 0)
+    return load_exported(Path(path))
+
+
+def load_exported(path: Path) -> tuple[dict[str, np.ndarray], int]:
+    """The state and step count of the model Engine.export wrote at `path` (export.exported_state)."""
+    try:
+        model, folder = read_model(path, keep_state=True)
+    except ExternalDataError as exc:
+        raise StateError(f"state checkpoint {str(path)!r} is damaged: {exc}") from exc
+    except ModelLoadError as exc:
+        raise StateError(f"{str(path)!r} is not an onnxtrain state checkpoint (not an .npz archive of save_state, "
+                         f"nor a model export wrote: {exc})") from exc
+    try:
+        return exported_state(model, folder)
+    except ModelLoadError as exc:
+        raise StateError(f"state checkpoint {str(path)!r} is damaged: {exc}") from exc
 
 
 ZIP_MAGIC = b"PK\x03\x04"  # how a zip archive with members (np.savez's, never empty: it holds the header) starts
