@@ -142,7 +142,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         print(f"resuming from {args.output} at step {done} of {args.steps}")
     elif not args.no_init:
         engine.init()
-    remaining = max(0, args.steps - done)
+    # (fit refuses a negative --steps: only a resumed run past it takes none)
+    remaining = max(0, args.steps - done) if resume else args.steps
     try:
         history = fit(engine, array_batches(arrays, args.batch_size, seed=args.seed, start=done), remaining,
                       algorithm=args.algorithm, loss=args.loss, log_every=max(1, args.steps // 20),
