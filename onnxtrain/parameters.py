@@ -279,7 +279,7 @@ def constants(model: onnx.ModelProto, records: ExportRecords) -> dict[str, str]:
              for name, sources in records.made_in_forward.items() if name not in made}
     if model.producer_name in FILL_VALUE_PRODUCERS:
         made |= {name: "a 0-d fill value expanded to a run-time shape (tf.zeros / tf.ones, as tf2onnx converts them)"
-                 for name in fill_values(model.graph) if name not in made and name not in results}
+                 for name in fill_values(model.graph, used) if name not in made and name not in results}
     reasons = {}
     for tensor in model.graph.initializer:
         if tensor.data_type in TRAINING_FLOAT_TYPES:
@@ -295,20 +295,14 @@ def constants(model: onnx.ModelProto, records: ExportRecords) -> dict[str, str]:
 FILL_VALUE_PRODUCERS = {"tf2onnx"}
 
 
-def fill_values(graph: onnx.GraphProto) -> list[str]:
-    """0-d float initializers of the main graph read only as the value an Expand broadcasts to a run-time shape,
-    by nodes that record no source call: tf2onnx converts TensorFlow's Fill (tf.zeros / tf.ones of a shape the
-    batch decides) so, and records nothing: a Keras LSTM's or GRU's zero initial state, the unit scale and zero
-    shift of the BatchNormalization tf_keras's LayerNormalization normalizes with before its own gamma and beta.
-    Where the dynamo exporter records the call, the record decides (made_inside_calls: `zeros`; a 0-d parameter
-    `x.expand`ed by a call of its own stays one)."""
-    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
-    for node in graph.node:
-        for index, name in enumerate(node.input):
-            readers[name].append((node, index))
+def fill_values(graph: onnx.GraphProto, used: Mapping[str, list[Use]]) -> list[str]:
+    """0-d float initializers of the main graph read only (`used`: uses(graph)) as the value an Expand broadcasts to
+    a run-time shape: tf2onnx converts TensorFlow's Fill (tf.zeros / tf.ones of a shape the batch decides) so, and
+    records nothing: a Keras LSTM's or GRU's zero initial state, the unit scale and zero shift of the
+    BatchNormalization tf_keras's LayerNormalization normalizes with before its own gamma and beta. Only for
+    FILL_VALUE_PRODUCERS' models: a TorchScript export of a parameter's `expand` has the same form."""
     return [t.name for t in graph.initializer if not t.dims and t.data_type in TRAINING_FLOAT_TYPES
-            and readers[t.name] and all(node.op_type == "Expand" and index == 0 and not metadata(node, FX_NODE)
-                                        for node, index in readers[t.name])]
+            and used.get(t.name) and all(use == ("Expand", 0) for use in used[t.name])]
 
 
 # The dynamo exporter records on each node the PyTorch call it comes from (torch.export's FX node, as text)
