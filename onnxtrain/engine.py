@@ -214,8 +214,7 @@ class Engine:
         if remat not in REMAT_MODES:
             raise OptionError(f"remat={remat!r} is not one of False, True or 'attention'")
         self._placement = Placement(devices, shard_state)
-        check_matmul_precision(matmul_precision, (self._placement.devices or [self._placement.device])[0],
-                               self.mixed_precision)
+        check_matmul_precision(matmul_precision, self._placement.device, self.mixed_precision)
         check_seed(seed)
         if check:
             check_model(model)
@@ -450,14 +449,13 @@ class Engine:
                     if first:
                         jax.block_until_ready((state, outputs))
                 except KeyboardInterrupt:  # in a first step (later ones hold it back): the copy went, or rebuild
-                    if self._rebuild is not None and any(v.is_deleted() for v in self._state.values()):
-                        self._rebuild()
+                    self._recover()
                     raise
                 except jax.errors.JaxRuntimeError as exc:
-                    raise StepError(f"{self._this_step(algorithm)} failed while running ({self._state_after()}): "
+                    raise StepError(f"{self._this_step(algorithm)} failed while running ({self._recover()}): "
                                     f"{first_line(exc)}") from exc
                 except LOWERING_ERRORS as exc:
-                    raise lowering_failure(self._this_step(algorithm), exc, f" ({self._state_after()})") from exc
+                    raise lowering_failure(self._this_step(algorithm), exc, f" ({self._recover()})") from exc
                 if signature is not None:
                     self._ran.add((algorithm, signature))
                 self._state, self._step = state, step
@@ -469,9 +467,10 @@ class Engine:
     def _this_step(self, algorithm: int) -> str:
         return f"train step {self.step_count + 1} (algorithm {algorithm})"
 
-    def _state_after(self) -> str:
-        """What a failed step left of the state, said as it is (whether the buffers went with the step depends on
-        the platform and the failure): rebuilt where `_rebuild` can, it is as before the step."""
+    def _recover(self) -> str:
+        """Rebuild the state a failed or interrupted step took, where `_rebuild` can (it is then as before the
+        step), and say what became of it, as it is (whether the buffers went with the step depends on the
+        platform and the failure)."""
         lost = any(v.is_deleted() for v in self._state.values())
         if lost and self._rebuild is not None:
             self._rebuild()
