@@ -134,9 +134,11 @@ def dims(value_type: onnx.TypeProto) -> list[int | str | None] | None:
 
 
 def add_loss(b: Builder, graph: onnx.GraphProto, loss: str, prediction: str, ignore_index: int | None,
-             class_axis: int | None, label_smoothing: float = 0.0, opset: int = 18) -> list[onnx.ValueInfoProto]:
-    """Append loss nodes producing `loss`; returns the algorithm inputs (the target, if any). The options are
-    checked against the declared output first, so a mismatch fails here rather than at the first step."""
+             class_axis: int | None, label_smoothing: float = 0.0,
+             opset: int = 18) -> tuple[list[onnx.ValueInfoProto], int]:
+    """Append loss nodes producing `loss`; returns the algorithm inputs (the target, if any) and the loss's type,
+    its operand's (a float64 model's loss is float64). The options are checked against the declared output
+    first, so a mismatch fails here rather than at the first step."""
     if not isinstance(loss, str) or loss not in LOSSES and not loss.startswith("output:"):
         raise AuthoringError(f"loss must be one of {LOSSES} or 'output:NAME', got {loss!r}")
     if loss != "cross_entropy" and (ignore_index is not None or class_axis is not None or label_smoothing):
@@ -149,16 +151,17 @@ def add_loss(b: Builder, graph: onnx.GraphProto, loss: str, prediction: str, ign
         value_type = float_tensor(graph, name, "loss output")
         if name != "loss" or dims(value_type) != []:  # an output named "loss", 0-d, is the algorithm's loss itself
             b.node("ReduceSum", [name], ["loss"], keepdims=0)  # a scalar stays as it is; a vector is summed
-        return []
+        return [], value_type.tensor_type.elem_type
     pred_type = float_tensor(graph, prediction, "prediction")
+    elem = pred_type.tensor_type.elem_type
     if loss == "mse":
         b.node("Sub", [prediction, "target"], ["loss.diff"])
         b.node("Mul", ["loss.diff", "loss.diff"], ["loss.sq"])
         b.node("ReduceMean", ["loss.sq"], ["loss"], keepdims=0)
-        return [helper.make_value_info("target", pred_type)]
+        return [helper.make_value_info("target", pred_type)], elem
     if loss == "cross_entropy":
         return add_cross_entropy(b, prediction, dims(pred_type), ignore_index, 1 if class_axis is None else class_axis,
-                                 float(label_smoothing), opset, pred_type.tensor_type.elem_type)
+                                 float(label_smoothing), opset, elem), elem
     # bce_logits: mean(max(x, 0) - x * t + log(1 + exp(-|x|))), the overflow-free form of BCE on logits
     b.node("Relu", [prediction], ["loss.pos"])
     b.node("Mul", [prediction, "target"], ["loss.xt"])
@@ -168,7 +171,7 @@ def add_loss(b: Builder, graph: onnx.GraphProto, loss: str, prediction: str, ign
     b.node("Sub", ["loss.pos", "loss.xt"], ["loss.a"])
     b.node("Add", ["loss.a", "loss.log1p"], ["loss.each"])
     b.node("ReduceMean", ["loss.each"], ["loss"], keepdims=0)
-    return [helper.make_value_info("target", pred_type)]
+    return [helper.make_value_info("target", pred_type)], elem
 
 
 # The losses that read logits, each with the op whose output is its probabilities (the ops apply them again)
@@ -329,10 +332,9 @@ def make_trainable(
     else:
         warn_of_train_mode_nodes(graph)
     opset = next((o.version for o in result.opset_import if o.domain in ("", "ai.onnx")), 1)
-    inputs = add_loss(b, graph, loss, prediction, ignore_index, class_axis, label_smoothing, opset)
     # the loss has its operand's type: a float64 model's (skl2onnx converts a linear model for float64 inputs to
     # MatMul and Add in float64) is float64, which a declared float had refused at the first step
-    loss_type = float_tensor(graph, loss.partition(":")[2] if loss.startswith("output:") else prediction, "loss")
+    inputs, loss_elem = add_loss(b, graph, loss, prediction, ignore_index, class_axis, label_smoothing, opset)
     params = select_trainable(result, trainable)
     # the update reads each weight's shape and dtype, never its values: zero-stride stand-ins, not a decoded copy
     weights = {t.name: np.broadcast_to(np.zeros((), helper.tensor_dtype_to_np_dtype(t.data_type)), tuple(t.dims))
@@ -348,7 +350,7 @@ def make_trainable(
     outputs = [helper.make_value_info(value, value_type) for _, value, value_type in b.updates]
     algorithm = helper.make_graph(
         b.nodes, "train_step", inputs,
-        [helper.make_tensor_value_info("loss", loss_type.tensor_type.elem_type, [])] + outputs,
+        [helper.make_tensor_value_info("loss", loss_elem, [])] + outputs,
         b.initializers,
     )
     initialization = helper.make_graph(b.init_nodes, "initialize", [], b.init_outputs) if b.init_nodes else None
