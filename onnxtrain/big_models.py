@@ -99,7 +99,7 @@ def check_skeleton(model: onnx.ModelProto) -> None:
     """onnx.checker on a skeleton of `model` in which each weight's bytes, and each external reference, are an
     external reference to an empty file (the checker verifies a reference's file exists, not its bytes): a model
     too large to serialize, or too large to serialize cheaply, or whose state stays in its external data
-    (model.read_model's keep_state), is checked without copying its weights."""
+    (model.read_model's `keep`), is checked without copying its weights."""
     def set_aside(tensor: TensorProto) -> bool:
         return is_weight(tensor) and tensor.HasField("raw_data") or is_external(tensor)
 
@@ -122,5 +122,5 @@ def is_external(tensor: TensorProto) -> bool:
 
 
 def holds_external(model: onnx.ModelProto) -> bool:
-    """Whether an initializer of `model` still references external data (model.read_model's keep_state)."""
+    """Whether an initializer of `model` still references external data (model.read_model's `keep`)."""
     return any(is_external(t) for g in initializer_graphs(model) for t in g.initializer)

@@ -20,10 +20,15 @@ import signal
 import threading
 from pathlib import Path
 from types import MappingProxyType
-# signal.getsignal tries to make a Python handler a member of its Handlers enum (a ValueError raised and caught:
-# 2.6 us a call); the C module it wraps answers in 0.02 us, and every held train step asks
-from _signal import getsignal as handler_of
 from typing import Any, Callable, Mapping, Sequence
+
+# signal.getsignal tries to make a Python handler a member of its Handlers enum (a ValueError raised and caught:
+# 2.6 us a call); CPython's C module it wraps answers in 0.02 us, and every held train step asks. That module is
+# private: where an interpreter lacks it, the public function answers the same, slower.
+try:
+    from _signal import getsignal as handler_of
+except ImportError:
+    from signal import getsignal as handler_of
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +51,7 @@ from .ir import Graph, Node, ValueInfo
 from .lower.build import build_graph, model_resolver, raise_if_missing
 from .lower.layout import KernelLast, kernel_only_weights
 from .lower.ops.training import REMAT_MODES
-from .model import ModelSource, StateFile, check_model, read_model
+from .model import ModelSource, StateFile, check_model, read_model, state_tensors
 from .placement import Placement, host_array
 from .program import Program, tracing
 from . import steps
@@ -209,7 +214,7 @@ class Engine:
         was read from, no one else holding `model`, with `state_checksums` (the CRC-32 of its state variables'
         raw_data, from without_zero_state): once the state is on the device, the engine keeps its initial values
         in that file instead of in memory (model.StateFile). `external`: reads the state variables `model` keeps
-        in external data (`load` keeps them there: model.read_model's keep_state)."""
+        in external data (`load` keeps them there: model.read_model's `keep`)."""
         self.mixed_precision = mixed_precision_of(mixed_precision, loss_scale)  # lower/autocast.py
         if remat not in REMAT_MODES:
             raise OptionError(f"remat={remat!r} is not one of False, True or 'attention'")
@@ -244,7 +249,7 @@ class Engine:
         self._rebuild: Callable[[], None] | None = functools.partial(self._put_stored_state, self.step_count)
         self.lock = threading.RLock()
 
-        self.state_owner = state_owners(self.graph, self.algorithms)
+        self.state_owner = state_owners(model, self.graph, self.algorithms)
         self.required_inputs, self.optional_inputs = feed_lists([self.graph])
         self._infer_feeds = FeedChecker(self.required_inputs, self.optional_inputs)
         self._train_feeds = [FeedChecker(*feed_lists([self.graph, a.graph]), rows_required=True)
@@ -620,7 +625,7 @@ def load(
     each), from the queries, keys, values and mask that the backward pass keeps anyway, as PyTorch's fused
     attention keeps none: for a few percent more compute."""
     enable_compilation_cache()
-    model, folder = read_model(source, keep_state=True)
+    model, folder = read_model(source, keep=state_tensors)
     zero_state: frozenset[str] = frozenset()
     checksums: dict[str, int] = {}
     # absolute: reset reads it again, maybe after the caller changed the working directory

@@ -22,6 +22,7 @@ from .dtypes import onnx_type, type_name
 from .errors import ExportError, ModelLoadError
 from .external_data import ExternalValues, open_if_regular
 from .placement import host_array
+from .state.bindings import binding_owners, owner_graphs
 from .tensor_data import (field_beside_raw_data, holds_no_data, lies_in_memory, raw_size, sparse_to_dense,
                           tensor_value, zeros_of)
 
@@ -116,33 +117,9 @@ def without_zero_state(model: onnx.ModelProto, checksummed: bool = False,
     return lean, zero, checksums
 
 
-def owner_graphs(model: onnx.ModelProto) -> dict[int | None, onnx.GraphProto]:
-    """The graphs that can own state, keyed as `state_owner` keys them: None for ModelProto.graph, k for
-    training_info[k].algorithm."""
-    return {None: model.graph, **{k: info.algorithm for k, info in enumerate(model.training_info)}}
-
-
-def binding_owners(model: onnx.ModelProto) -> dict[str, int | None]:
-    """Each state variable of `model` (a binding key of one of its TrainingInfoProtos) -> the graph whose initializer
-    holds it, keyed as `state_owner` keys them, read from the proto as state.bindings.state_owners places them on
-    the built graphs: ModelProto.graph's where it has one, else that TrainingInfoProto's algorithm's. ModelLoadError
-    for a key neither holds (a model `load` refuses: BindingError)."""
-    graphs = owner_graphs(model)
-    held = {owner: {t.name for t in g.initializer} | {s.values.name for s in g.sparse_initializer}
-            for owner, g in graphs.items()}
-    owners: dict[str, int | None] = {}
-    for k, info in enumerate(model.training_info):
-        for key in (e.key for e in (*info.initialization_binding, *info.update_binding)):
-            owners[key] = None if key in held[None] else k
-            if key not in held[owners[key]]:
-                raise ModelLoadError(f"training_info[{k}] binds {key!r}, an initializer of neither ModelProto.graph "
-                                     "nor its algorithm")
-    return owners
-
-
 def exported_state(model: onnx.ModelProto, folder: Path | None) -> tuple[dict[str, np.ndarray], int]:
     """The state (every state variable's value, by name) and step count that `with_state` wrote into `model`, read
-    from `folder` by model.read_model(path, keep_state=True): the state's external data straight into its arrays
+    from `folder` by model.read_model(path, keep=every_tensor): the state's external data straight into its arrays
     (ExternalValues, confined to `folder` as at load). ModelLoadError for a damaged tensor or step count."""
     external = None if folder is None else ExternalValues(folder)
     return dict(stored_state(model, binding_owners(model), external=external)), saved_step_count(model)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -199,7 +199,7 @@ def read_tensor_bytes(tensor: TensorProto, label: str, folder: Path) -> tuple[by
 
 
 class ExternalValues:
-    """The state variables a model read from its file keeps in external data (read_model's `keep_state`), read
+    """The state variables a model read from its file keeps in external data (read_model's `keep`), read
     where they lie each time they are needed (at load; by reset; before an export replaces their file) instead of
     held in memory: each straight into its array, never through the proto (a 2.7 GB model's load 10.7 -> 8.1 s,
     its peak 5.3 -> 2.9 GB). The first read of a variable records its file's stamp and
@@ -247,12 +247,13 @@ def hold_inline(tensor: TensorProto, data: bytes) -> None:
     del tensor.external_data[:]
 
 
-def inline_external_data(model: onnx.ModelProto, folder: Path | None, keep: Sequence[TensorProto] = ()) -> None:
+def inline_external_data(model: onnx.ModelProto, folder: Path | None, keep: Iterable[TensorProto] = ()) -> None:
     """Replace every external reference of `model` by the bytes it names, except those of the tensors in `keep`,
     which are only checked (ExternalValues reads them later). `folder` is resolved (confined_path); None (the model
     came as bytes or a ModelProto) refuses any, since a relative location would otherwise resolve against the
     working dir."""
-    kept = {id(t) for t in keep}  # `keep` holds its messages, so their ids name them for the walk
+    held = list(keep)  # holds the messages' Python objects, so that their ids name them during the walk
+    kept = {id(t) for t in held}
     for label, tensor in model_tensors(model):
         if not is_external(tensor):
             continue

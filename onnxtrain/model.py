@@ -9,7 +9,7 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -18,17 +18,20 @@ from . import lower  # noqa: F401  (registers every op)
 from . import big_models
 from .big_models import PROTOBUF_LIMIT, check_skeleton, holds_external, initializer_graphs, weight_bytes
 from .errors import ModelLoadError
-from .external_data import inline_external_data, open_regular_file
+from .external_data import inline_external_data, model_tensors, open_regular_file
+from .state.bindings import binding_owners, owner_graphs
 
 ModelSource = str | os.PathLike | bytes | onnx.ModelProto
+Kept = Callable[[onnx.ModelProto], Iterable[onnx.TensorProto]] | None  # read_model's `keep`
 
 
-def read_model(source: ModelSource, keep_state: bool = False) -> tuple[onnx.ModelProto, Path | None]:
+def read_model(source: ModelSource, keep: Kept = None) -> tuple[onnx.ModelProto, Path | None]:
     """Parse `source` and inline its external data; returns the proto and the folder it was read from, resolved
     here once for every external data check (external_data.confined_path). A model given as bytes or a ModelProto
     has no folder, so external data in it is refused (see external_data.py).
-    `keep_state`: the external data of the state variables that with_state replaces on export (`state_tensors`)
-    stays where it is, checked, for an ExternalValues of the folder to read."""
+    `keep`: the tensors whose external data stays where it is, checked, for an ExternalValues of the folder to
+    read: `state_tensors` (those with_state replaces on export), or `every_tensor` (a checkpoint's reader, which
+    needs the state alone, so reads no other weight)."""
     if isinstance(source, onnx.ModelProto):
         inline_external_data(source, None)
         return source, None
@@ -56,22 +59,22 @@ def read_model(source: ModelSource, keep_state: bool = False) -> tuple[onnx.Mode
         raise ModelLoadError(f"{what} is not an ONNX model (protobuf parse failed: {exc}){hint}") from exc
     if model.ir_version <= 0 or not model.HasField("graph"):
         raise ModelLoadError(f"{what} is not an ONNX model (no ir_version or graph){hint}")
-    inline_external_data(model, folder, state_tensors(model) if keep_state else ())
+    inline_external_data(model, folder, keep(model) if keep else ())
     return model, folder
 
 
 def state_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
-    """The initializer of each state variable (a binding key of a TrainingInfoProto, held by the main graph or
-    else that one's algorithm, as state_owners places it) that is the only initializer of its name: the tensors
-    export.with_state replaces, so the engine's proto never needs their bytes once they are on the device."""
+    """The initializer of each state variable (state.bindings.binding_owners) that is the only initializer of its
+    name: the tensors export.with_state replaces, so the engine's proto never needs their bytes once they are on
+    the device."""
     count = Counter(t.name for g in initializer_graphs(model) for t in g.initializer)
-    main = {t.name for t in model.graph.initializer}
-    found = []
-    for info in model.training_info:
-        keys = {e.key for e in (*info.initialization_binding, *info.update_binding)}
-        found += [t for t in info.algorithm.initializer if t.name in keys - main and count[t.name] == 1]
-        found += [t for t in model.graph.initializer if t.name in keys and count[t.name] == 1]
-    return found
+    owners = binding_owners(model)
+    return [t for owner, graph in owner_graphs(model).items() for t in graph.initializer
+            if owners.get(t.name, -1) == owner and count[t.name] == 1]
+
+
+def every_tensor(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    return (tensor for _, tensor in model_tensors(model))
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ class StateFile:
         return path.exists() and self.path.exists() and os.path.samefile(path, self.path)
 
     def read(self) -> onnx.ModelProto:
-        model, _ = read_model(self.path, keep_state=True)
+        model, _ = read_model(self.path, keep=state_tensors)
         held = {t.name: t for g in initializer_graphs(model) for t in g.initializer if t.name in self.checksums}
         changed = sorted(n for n, crc in self.checksums.items()
                          if n not in held or not held[n].HasField("raw_data") or zlib.crc32(held[n].raw_data) != crc)
@@ -129,7 +132,7 @@ def check_model(model: onnx.ModelProto) -> None:
     """onnx.checker on the model. The in-memory checker serializes the whole model and parses it again in C++
     (two transient copies of the weights; BERT-base: 1.8 s of a 2.7 s load) and cannot past 2 GiB, so a model
     with more than SKELETON_CHECK_BYTES of weights, or with state kept in external data (read_model's
-    keep_state), is checked as a skeleton whose weights are external references: the checker reads their names,
+    `keep`), is checked as a skeleton whose weights are external references: the checker reads their names,
     types and dims, and tensor_data.py (external_data.py) checks every weight's bytes against its dims when it
     is decoded (read)."""
     try:

@@ -19,6 +19,7 @@ from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 import onnxtrain
 import onnxtrain.big_models
 import onnxtrain.export
+import onnxtrain.external_data
 from onnxtrain.errors import ExportError, ModelLoadError, StateError
 from onnxtrain.state.store import save_npz
 from test_export import T, X, trained  # an MLP trained with Adam for `steps` steps on (X, T)
@@ -494,3 +495,33 @@ def test_model_past_the_protobuf_limit_is_validated_trained_and_exported(tmp_pat
     trained_weights = dict(before, W=np.asarray(engine.state["W"]), B=np.asarray(engine.state["B"]))
     expected = (x @ trained_weights["W"]).reshape(trained_weights["shape"]) + trained_weights["B"]
     np.testing.assert_allclose(onnxruntime_output(tmp_path / "inference.onnx", x), expected, rtol=1e-5)
+
+
+def test_load_state_of_an_export_reads_no_weight_but_the_state(tmp_path, monkeypatch):
+    """A checkpoint's reader needs the state alone: a frozen weight in external data (a fine-tuned model's base)
+    is left unread, not inlined into memory and dropped."""
+    monkeypatch.setattr(onnxtrain.big_models, "INLINE_BYTES", 0)
+    frozen = RNG.normal(size=(3, 4)).astype(np.float32)
+    head = RNG.normal(size=(4, 2)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "frozen"], ["h"]), helper.make_node("MatMul", ["h", "head"], ["y"])],
+        "frozen_base", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 2])],
+        [numpy_helper.from_array(frozen, "frozen"), numpy_helper.from_array(head, "head")])
+    model = onnxtrain.make_trainable(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                                     loss="mse", optimizer="sgd", trainable=["head"])
+    x, target = RNG.normal(size=(5, 3)).astype(np.float32), RNG.normal(size=(5, 2)).astype(np.float32)
+    source = onnxtrain.load(model)
+    source.train_step({"x": x, "target": target, "learning_rate": np.float32(0.1)})
+    source.export(tmp_path / "ckpt.onnx", external_data=True)
+    exported = onnx.load(tmp_path / "ckpt.onnx", load_external_data=False)
+    assert uses_external_data(next(t for t in exported.graph.initializer if t.name == "frozen"))
+    inlined = []
+    real_hold_inline = onnxtrain.external_data.hold_inline
+    monkeypatch.setattr(onnxtrain.external_data, "hold_inline",
+                        lambda tensor, data: (inlined.append(tensor.name), real_hold_inline(tensor, data)))
+    engine = onnxtrain.load(model)
+    engine.load_state(tmp_path / "ckpt.onnx")
+    assert inlined == []
+    np.testing.assert_array_equal(np.asarray(engine.state["head"]), np.asarray(source.state["head"]))
+    assert engine.step_count == 1

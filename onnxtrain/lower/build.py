@@ -48,7 +48,7 @@ class Resolver:
     checked: set[FunctionId] = field(default_factory=set)  # local functions whose bodies were bound
     # initializers the model holds without their bytes because they are all zero (export.without_zero_state)
     zero_initializers: frozenset[str] = frozenset()
-    # reads the initializers the model keeps in external data (model.read_model's keep_state)
+    # reads the initializers the model keeps in external data (model.read_model's `keep`)
     external: ExternalValues | None = None
 
     def initializer_value(self, tensor: onnx.TensorProto) -> np.ndarray:

@@ -145,14 +145,39 @@ def defined_names(graph: Graph) -> set[str]:
     return names | {name for node in graph.nodes for name in node.outputs if name}
 
 
-def state_owners(main: Graph, algorithms: list[Algorithm]) -> dict[str, int | None]:
-    """Every state variable -> where its initializer lives: None for ModelProto.graph, k for training_info[k]."""
+def owner_graphs(model: onnx.ModelProto) -> dict[int | None, onnx.GraphProto]:
+    """The graphs that can own state, keyed as `state_owner` keys them: None for ModelProto.graph, k for
+    training_info[k].algorithm."""
+    return {None: model.graph, **{k: info.algorithm for k, info in enumerate(model.training_info)}}
+
+
+def binding_owners(model: onnx.ModelProto) -> dict[str, int | None]:
+    """Every state variable of `model` (a binding key of one of its TrainingInfoProtos) -> where its initializer
+    lives: None for ModelProto.graph, where it has one, else k for training_info[k].algorithm (the last
+    TrainingInfoProto that binds it: a key bound by several is one variable). The one rule for the engine, the
+    export and the checkpoint reader, read from the proto. A key neither graph holds is left out: `load` refuses
+    it (check_keys_are_initializers), and a checkpoint read without it lacks that variable."""
+    main = initializer_names(model.graph)
     owners: dict[str, int | None] = {}
-    for algorithm in algorithms:
-        for key in list(algorithm.initialization_binding) + list(algorithm.update_binding):
-            owners[key] = None if key in main.initializers else algorithm.index
-            value = (main if owners[key] is None else algorithm.graph).initializers[key]
-            if value.dtype.kind in "OUS":  # else JAX's TypeError when the state goes to the device
-                raise StateError(f"state variable {key!r} is a string tensor: the state lives on the device, "
-                                 "which holds numbers only")
+    for index, info in enumerate(model.training_info):
+        held = main | initializer_names(info.algorithm)
+        for entry in (*info.initialization_binding, *info.update_binding):
+            if entry.key in held:
+                owners[entry.key] = None if entry.key in main else index
+    return owners
+
+
+def initializer_names(graph: onnx.GraphProto) -> set[str]:
+    """The names `graph`'s initializers define, sparse ones included (as build_graph builds them)."""
+    return {t.name for t in graph.initializer} | {s.values.name for s in graph.sparse_initializer}
+
+
+def state_owners(model: onnx.ModelProto, main: Graph, algorithms: list[Algorithm]) -> dict[str, int | None]:
+    """`binding_owners(model)`, for the graphs built from it, refusing a state variable they cannot hold."""
+    owners = binding_owners(model)
+    graphs = {None: main, **{a.index: a.graph for a in algorithms}}
+    for key, owner in owners.items():
+        if graphs[owner].initializers[key].dtype.kind in "OUS":  # else JAX's TypeError when the state goes there
+            raise StateError(f"state variable {key!r} is a string tensor: the state lives on the device, "
+                             "which holds numbers only")
     return owners

@@ -16,7 +16,7 @@ from ..atomic import replace_atomically, writable_target
 from ..errors import ExternalDataError, ModelLoadError, StateError
 from ..export import exported_state
 from ..external_data import open_regular_file
-from ..model import read_model
+from ..model import every_tensor, read_model
 
 
 def check_assignment(name: str, value: Any, current: Any, source: str) -> None:
@@ -90,7 +90,7 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, np.ndarray], int]:
 def load_exported(path: Path) -> tuple[dict[str, np.ndarray], int]:
     """The state and step count of the model Engine.export wrote at `path` (export.exported_state)."""
     try:
-        model, folder = read_model(path, keep_state=True)
+        model, folder = read_model(path, keep=every_tensor)
     except ExternalDataError as exc:
         raise StateError(f"state checkpoint {str(path)!r} is damaged: {exc}") from exc
     except ModelLoadError as exc:
