@@ -1,8 +1,10 @@
 """`from_torch`: export a PyTorch module so that its ONNX initializers are its parameters one for one, and make it
-trainable on exactly the parameters PyTorch would train. torch is imported only when called."""
+trainable on exactly the parameters PyTorch would train; `to_torch`: the trained values back into the module.
+torch is imported only when called."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import warnings
 from typing import Any, Mapping, Sequence
@@ -12,7 +14,7 @@ import onnx
 from onnx import numpy_helper
 
 from .authoring import make_trainable
-from .errors import AuthoringError
+from .errors import AuthoringError, StateError
 from .optimizers import no_decay_matches_nothing
 from .parameters import check_pattern
 from .train_mode import NUM_BATCHES_TRACKED
@@ -69,6 +71,42 @@ def from_torch(module: Any, example_inputs: Sequence[Any], *, kwargs: Mapping[st
     if isinstance(options.get("no_decay"), str):
         options["no_decay"] = no_decay_by_module_names(options["no_decay"], kept)
     return make_trainable(model, trainable=list(kept.values()), **options)
+
+
+def to_torch(source: Any, module: Any) -> list[str]:
+    """Copy trained values back into `module`, in place: each of its parameters and buffers that `source` (an
+    Engine, whose state it reads, or a mapping of name -> array such as jax_function's params) holds under one of
+    the module's names for it -- from_torch's export keeps the module's names; a tied parameter is found under
+    whichever of its names the exporter kept -- converted to the tensor's own dtype and device. Returns the names
+    it did not find, as torch's load_state_dict reports missing keys: those keep their values (a parameter the
+    forward never reads, which PyTorch would not train either; an optimizer-free buffer such as a BatchNorm's
+    num_batches_tracked; a weight an exporter renamed or folded, as TorchScript's default export renames a
+    transposed one). StateError, before anything is copied, for a value whose shape is not the tensor's."""
+    import torch
+
+    values = source.state if hasattr(source, "state") else source
+    tensors: dict[int, tuple[Any, list[str]]] = {}  # one entry per tensor, with all its names (tied ones)
+    named = itertools.chain(module.named_parameters(remove_duplicate=False),
+                            module.named_buffers(remove_duplicate=False))
+    for name, tensor in named:
+        tensors.setdefault(id(tensor), (tensor, []))[1].append(name)
+    found, missing = [], []
+    for tensor, names in tensors.values():
+        key = next((n for n in names if n in values), None)
+        if key is None:
+            missing += names
+        elif tuple(values[key].shape) != tuple(tensor.shape):
+            raise StateError(f"to_torch: {key!r} holds shape {list(values[key].shape)}, the module's tensor "
+                             f"{list(tensor.shape)}: not a value of the same parameter")
+        else:
+            found.append((tensor, key))
+    with torch.no_grad():
+        for tensor, key in found:  # one host copy at a time; NumPy's float32 carries bfloat16 exactly
+            value = np.array(values[key])
+            if value.dtype.name not in np.sctypeDict or value.dtype.kind == "V":
+                value = value.astype(np.float32)
+            tensor.copy_(torch.from_numpy(value))
+    return missing
 
 
 def no_decay_by_module_names(pattern: str, kept: Mapping[str, str]) -> str:

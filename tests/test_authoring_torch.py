@@ -419,3 +419,56 @@ def test_from_torch_warns_where_the_export_fixed_a_dimension_dynamic_shapes_name
                      r"constants; torch 2.13 does so to an nn.LSTM's or nn.GRU's length from its second export in "
                      r"a process: export in a process of its own), so every batch must keep those sizes"]
                     if flatten else [])
+
+
+class TiedHead(torch.nn.Module):
+    """An embedding, a Linear + BatchNorm1d, and an output layer tied to the embedding."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.lin, self.bn = torch.nn.Embedding(12, 8), torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8)
+        self.head = torch.nn.Linear(8, 12, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(self.bn(torch.relu(self.lin(self.emb(ids)))))
+
+
+def test_to_torch_writes_what_onnxtrain_trained_into_the_module():
+    """from_torch, three SGD steps in train mode, then to_torch into a fresh copy: every parameter (the tied one
+    once, under both names) and the BatchNorm's running statistics equal PyTorch's own three steps; the one buffer
+    onnxtrain does not keep (num_batches_tracked, which a momentum BatchNorm does not read) is reported."""
+    import copy
+
+    module = perturbed(TiedHead())
+    ids = np.array([1, 4, 7, 4, 11, 0], dtype=np.int64)
+    target = np.array([3, 4, 5, 6, 7, 8], dtype=np.int64)
+    engine = onnxtrain.load(onnxtrain.from_torch(copy.deepcopy(module), (torch.from_numpy(ids),),
+                                                 loss="cross_entropy", optimizer="sgd", learning_rate=0.1,
+                                                 train_mode=True))
+    reference = copy.deepcopy(module).train()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for _ in range(3):
+        engine.train_step({"ids": ids, "target": target})
+        optimizer.zero_grad()
+        F.cross_entropy(reference(torch.from_numpy(ids)), torch.from_numpy(target)).backward()
+        optimizer.step()
+    fresh = copy.deepcopy(module)
+    assert onnxtrain.to_torch(engine, fresh) == ["bn.num_batches_tracked"]
+    assert fresh.head.weight is fresh.emb.weight
+    trained = reference.state_dict()
+    for name, value in fresh.state_dict().items():
+        if name != "bn.num_batches_tracked":
+            np.testing.assert_allclose(value.numpy(), trained[name].numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+    assert not np.allclose(fresh.lin.weight.detach().numpy(), module.lin.weight.detach().numpy())
+
+
+def test_to_torch_converts_to_the_module_s_dtype_and_refuses_another_shape():
+    module = torch.nn.Linear(3, 2).to(torch.bfloat16)
+    weight = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
+    assert onnxtrain.to_torch({"weight": weight}, module) == ["bias"]
+    np.testing.assert_array_equal(module.weight.float().detach().numpy(),
+                                  torch.from_numpy(weight).to(torch.bfloat16).float().numpy())
+    with pytest.raises(onnxtrain.errors.StateError, match=r"'weight' holds shape \[3, 2\]"):
+        onnxtrain.to_torch({"weight": weight.T, "bias": np.zeros(2, np.float32)}, module)
+    assert module.bias.dtype == torch.bfloat16 and not module.bias.float().eq(0).all()  # nothing copied
