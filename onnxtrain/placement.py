@@ -112,7 +112,10 @@ class Placement:
                     f"feed {name!r}: batch size {np.shape(value)[0]} is not divisible by the {len(self.devices)} "
                     f"devices it is split over"
                 )
-            placed[name] = jax.device_put(value, self.batch_sharding if batched else self.replicated)
+            # in x64 mode, as the step traces: outside it device_put makes an int64 feed int32 (labels: a
+            # cross-entropy's Equal with its int64 ignore_index was refused as mixing types)
+            with jax.enable_x64(True):
+                placed[name] = jax.device_put(value, self.batch_sharding if batched else self.replicated)
         return placed
 
 
