@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, NamedTuple
 
 import numpy as np
 import onnx
@@ -133,12 +133,23 @@ def dims(value_type: onnx.TypeProto) -> list[int | str | None] | None:
     return [d.dim_value if d.HasField("dim_value") else d.dim_param or None for d in value_type.tensor_type.shape.dim]
 
 
+class Loss(NamedTuple):
+    """What add_loss wrote: the algorithm inputs (the target, if any), the loss's type (its operand's: a float64
+    model's loss is float64), and `items`, a float32 scalar value holding what the loss's mean divides by (None
+    where not asked for, or unknown: a model's own loss output)."""
+
+    inputs: list[onnx.ValueInfoProto]
+    elem: int
+    items: str | None
+
+
 def add_loss(b: Builder, graph: onnx.GraphProto, loss: str, prediction: str, ignore_index: int | None,
-             class_axis: int | None, label_smoothing: float = 0.0,
-             opset: int = 18) -> tuple[list[onnx.ValueInfoProto], int]:
-    """Append loss nodes producing `loss`; returns the algorithm inputs (the target, if any) and the loss's type,
-    its operand's (a float64 model's loss is float64). The options are checked against the declared output
-    first, so a mismatch fails here rather than at the first step."""
+             class_axis: int | None, label_smoothing: float = 0.0, opset: int = 18,
+             count_items: bool = False) -> Loss:
+    """Append loss nodes producing `loss`. The options are checked against the declared output first, so a
+    mismatch fails here rather than at the first step. `count_items`: also count what the mean divides by
+    (accumulate_by="items" weighs each micro-batch by it): the labels that count for the cross-entropy, the
+    elements averaged for mse and bce_logits."""
     if not isinstance(loss, str) or loss not in LOSSES and not loss.startswith("output:"):
         raise AuthoringError(f"loss must be one of {LOSSES} or 'output:NAME', got {loss!r}")
     if loss != "cross_entropy" and (ignore_index is not None or class_axis is not None or label_smoothing):
@@ -151,17 +162,21 @@ def add_loss(b: Builder, graph: onnx.GraphProto, loss: str, prediction: str, ign
         value_type = float_tensor(graph, name, "loss output")
         if name != "loss" or dims(value_type) != []:  # an output named "loss", 0-d, is the algorithm's loss itself
             b.node("ReduceSum", [name], ["loss"], keepdims=0)  # a scalar stays as it is; a vector is summed
-        return [], value_type.tensor_type.elem_type
+        # what the model's loss averages over, if anything, is not in the graph to count: not guessed
+        return Loss([], value_type.tensor_type.elem_type, None)
     pred_type = float_tensor(graph, prediction, "prediction")
     elem = pred_type.tensor_type.elem_type
     if loss == "mse":
         b.node("Sub", [prediction, "target"], ["loss.diff"])
         b.node("Mul", ["loss.diff", "loss.diff"], ["loss.sq"])
         b.node("ReduceMean", ["loss.sq"], ["loss"], keepdims=0)
-        return [helper.make_value_info("target", pred_type)], elem
+        return Loss([helper.make_value_info("target", pred_type)], elem,
+                    element_count(b, "loss.sq") if count_items else None)
     if loss == "cross_entropy":
-        return add_cross_entropy(b, prediction, dims(pred_type), ignore_index, 1 if class_axis is None else class_axis,
-                                 float(label_smoothing), opset, elem), elem
+        ignore_index = TORCH_IGNORE_INDEX if ignore_index is None else ignore_index
+        inputs = add_cross_entropy(b, prediction, dims(pred_type), ignore_index,
+                                   1 if class_axis is None else class_axis, float(label_smoothing), opset, elem)
+        return Loss(inputs, elem, label_count(b, ignore_index, TensorProto.FLOAT) if count_items else None)
     # bce_logits: mean(max(x, 0) - x * t + log(1 + exp(-|x|))), the overflow-free form of BCE on logits
     b.node("Relu", [prediction], ["loss.pos"])
     b.node("Mul", [prediction, "target"], ["loss.xt"])
@@ -171,7 +186,29 @@ def add_loss(b: Builder, graph: onnx.GraphProto, loss: str, prediction: str, ign
     b.node("Sub", ["loss.pos", "loss.xt"], ["loss.a"])
     b.node("Add", ["loss.a", "loss.log1p"], ["loss.each"])
     b.node("ReduceMean", ["loss.each"], ["loss"], keepdims=0)
-    return [helper.make_value_info("target", pred_type)], elem
+    return Loss([helper.make_value_info("target", pred_type)], elem,
+                element_count(b, "loss.each") if count_items else None)
+
+
+def element_count(b: Builder, averaged: str) -> str:
+    """The number of elements of `averaged` (what a ReduceMean of it divides by), as a float32 scalar."""
+    b.node("Size", [averaged], ["loss.size"])
+    b.node("Cast", ["loss.size"], ["loss.items"], to=TensorProto.FLOAT)
+    return "loss.items"
+
+
+def label_count(b: Builder, ignore_index: int, elem: int) -> str:
+    """The number of labels that are not `ignore_index` (what the cross-entropy's mean divides by) as a scalar of
+    type `elem`; written once per type, the mask of those labels (`loss.counted`) once."""
+    name = f"loss.count.{TensorProto.DataType.Name(elem).lower()}"
+    if name not in b.made:
+        b.made.add(name)
+        if "loss.counted" not in b.made:
+            b.made.add("loss.counted")
+            b.node("Equal", ["target", b.scalar("ignore_index", ignore_index, TensorProto.INT64)], ["loss.ignored"])
+            b.node("Not", ["loss.ignored"], ["loss.counted"])
+        b.node("ReduceSum", [b.cast("loss.counted", elem)], [name], keepdims=0)
+    return name
 
 
 # The losses that read logits, each with the op whose output is its probabilities (the ops apply them again)
@@ -195,11 +232,11 @@ def check_logits(graph: onnx.GraphProto, loss: str, prediction: str) -> None:
             f"input: prediction={node.input[0]!r}", UserWarning, stacklevel=3)
 
 
-def add_cross_entropy(b: Builder, prediction: str, shape: list | None, ignore_index: int | None,
+def add_cross_entropy(b: Builder, prediction: str, shape: list | None, ignore_index: int,
                       class_axis: int, label_smoothing: float = 0.0, opset: int = 18,
                       elem: int = TensorProto.FLOAT) -> list[onnx.ValueInfoProto]:
     """Softmax cross-entropy over `class_axis` of the scores against int64 class labels (the scores' shape less
-    that axis), averaged over the labels that are not `ignore_index` (None: torch's -100), as
+    that axis), averaged over the labels that are not `ignore_index`, as
     torch.nn.functional.cross_entropy.
     SoftmaxCrossEntropyLoss wants the classes on axis 1, so another class axis is transposed there first. With
     `label_smoothing` e, torch's: (1 - e) times that plus e times the mean over the same labels of
@@ -227,8 +264,6 @@ def add_cross_entropy(b: Builder, prediction: str, shape: list | None, ignore_in
             perm = [0, class_axis] + [a for a in range(1, rank) if a != class_axis]
             b.node("Transpose", [prediction], ["loss.scores"], perm=perm)
             prediction = "loss.scores"
-    if ignore_index is None:
-        ignore_index = TORCH_IGNORE_INDEX
     if not label_smoothing:
         b.node("SoftmaxCrossEntropyLoss", [prediction, "target"], ["loss"], reduction="mean",
                ignore_index=ignore_index)
@@ -244,15 +279,12 @@ def add_cross_entropy(b: Builder, prediction: str, shape: list | None, ignore_in
     wide = TensorProto.DOUBLE if elem == TensorProto.DOUBLE else TensorProto.FLOAT
     b.node("Cast", ["loss.mean_log_prob"], ["loss.uniform_each"], to=wide)
     # the mean over the labels that count, as the nll's
-    b.node("Equal", ["target", b.scalar("ignore_index", ignore_index, TensorProto.INT64)], ["loss.ignored"])
-    b.node("Not", ["loss.ignored"], ["loss.counted"])
-    b.node("Cast", ["loss.counted"], ["loss.weight"], to=wide)
-    b.node("Mul", ["loss.uniform_each", "loss.weight"], ["loss.uniform_kept"])
+    count = label_count(b, ignore_index, wide)
+    b.node("Mul", ["loss.uniform_each", b.cast("loss.counted", wide)], ["loss.uniform_kept"])
     b.node("ReduceSum", ["loss.uniform_kept"], ["loss.uniform_sum"], keepdims=0)
-    b.node("ReduceSum", ["loss.weight"], ["loss.count"], keepdims=0)
     # at least 1: with every label ignored the sum is 0 and the loss already the nll's NaN, as torch's, while
     # 1 / 0 would reach the gradient as inf times the ignored labels' zeros, a NaN
-    b.node("Max", ["loss.count", b.scalar("one", 1, wide)], ["loss.divisor"])
+    b.node("Max", [count, b.scalar("one", 1, wide)], ["loss.divisor"])
     b.node("Div", ["loss.uniform_sum", "loss.divisor"], ["loss.uniform_negative"])
     b.node("Cast", ["loss.nll"], ["loss.nll_wide"], to=wide)
     b.node("Mul", ["loss.nll_wide", b.scalar("kept", 1 - label_smoothing, wide)], ["loss.hard"])
@@ -277,6 +309,7 @@ def make_trainable(
     no_decay: str | bool = False,
     clip_grad_norm: float | None = None,
     accumulate: int = 1,
+    accumulate_by: str = "items",
     padding_idx: Mapping[str, int] | None = None,
     label_smoothing: float = 0.0,
     **optimizer_options: float,
@@ -303,9 +336,13 @@ def make_trainable(
     default is 0.01). `no_decay`: parameters left undecayed, a regular expression searched in their names
     (Hugging Face's example scripts' r"bias|LayerNorm\\.weight", which names BERT's norms, not GPT-2's ln_1) or
     True for every parameter of rank <= 1 (biases and norm weights, whatever their names: the Trainer's rule).
-    `clip_grad_norm`: torch.nn.utils.clip_grad_norm_'s max_norm. `accumulate=k`: one update per k train steps
-    from the mean of their gradients, as a big batch of those k (equal-sized: for a cross-entropy with ignored
-    labels, equally many labels that count) micro-batches; the rate fed with the k-th is the one used.
+    `clip_grad_norm`: torch.nn.utils.clip_grad_norm_'s max_norm. `accumulate=k`: one update per k train steps;
+    the rate fed with the k-th is the one used. `accumulate_by`: how the k micro-batches' gradients combine.
+    "items" (the default): weighted by what each one's mean loss divides by (the labels that are not
+    `ignore_index` for the cross-entropy, the elements for mse and bce_logits), so the update is one step on the
+    union of the k micro-batches whatever their sizes and padding, as Hugging Face's Trainer divides by
+    `num_items_in_batch`; a loss="output:NAME" gives no count, so each of its micro-batches weighs alike.
+    "micro_batch": each micro-batch's mean alike, as torch's `(loss / k).backward()` loop.
     `train_mode=True` trains as PyTorch's `module.train()`: batch statistics and running-statistics updates in
     BatchNormalization, Dropout dropping, while the inference graph stays in eval mode (onnxtrain/train_mode.py).
     `padding_idx={table: row}`: embedding rows that get no gradient, as PyTorch's `nn.Embedding(padding_idx=row)`
@@ -314,7 +351,8 @@ def make_trainable(
 
     Mixed precision is not a make_trainable option: it is how a runtime computes the graph, not part of it, so
     the model stays plain float32 ONNX; choose it when running: `load(model, mixed_precision="bfloat16")`."""
-    update = check_update(optimizer, dict(optimizer_options), weight_decay, no_decay, clip_grad_norm, accumulate)
+    update = check_update(optimizer, dict(optimizer_options), weight_decay, no_decay, clip_grad_norm, accumulate,
+                          accumulate_by)
     if not (is_number(learning_rate) and learning_rate >= 0):  # as every optimizer option: NumPy scalars too
         raise AuthoringError(f"learning_rate must be a finite number >= 0, got {learning_rate!r}")
     if not isinstance(model, onnx.ModelProto):
@@ -334,7 +372,8 @@ def make_trainable(
     opset = next((o.version for o in result.opset_import if o.domain in ("", "ai.onnx")), 1)
     # the loss has its operand's type: a float64 model's (skl2onnx converts a linear model for float64 inputs to
     # MatMul and Add in float64) is float64, which a declared float had refused at the first step
-    inputs, loss_elem = add_loss(b, graph, loss, prediction, ignore_index, class_axis, label_smoothing, opset)
+    inputs, loss_elem, items = add_loss(b, graph, loss, prediction, ignore_index, class_axis, label_smoothing, opset,
+                                        count_items=update.accumulate > 1 and update.accumulate_by == "items")
     params = select_trainable(result, trainable)
     # the update reads each weight's shape and dtype, never its values: zero-stride stand-ins, not a decoded copy
     weights = {t.name: np.broadcast_to(np.zeros((), helper.tensor_dtype_to_np_dtype(t.data_type)), tuple(t.dims))
@@ -343,7 +382,7 @@ def make_trainable(
     inputs.append(helper.make_tensor_value_info(LEARNING_RATE, TensorProto.FLOAT, []))
     shapes = {p: weights[p].shape for p in params}
     add_update(b, params, weights, update, padding_rows(result, params, padding_idx, shapes),
-               source_ranks(graph, shapes))
+               source_ranks(graph, shapes), items)
     if reinitialize:
         reinitialize_weights(b, params, weights)
     check_names_free(graph, b, inputs)

@@ -21,6 +21,7 @@ from .host_memory import HUGE_PAGES, retain_freed_memory, with_huge_pages
 from .lower.autocast import COMPUTE_DTYPES
 from .loop import array_batches, check_finite, fit
 from .model import read_model
+from .optimizers import ACCUMULATE_BY
 
 # what reading a user's .npy/.npz can raise: missing or unreadable, not NumPy's format, a damaged zip
 UNREADABLE = (OSError, ValueError, EOFError, zipfile.BadZipFile)
@@ -173,6 +174,7 @@ def cmd_make_trainable(args: argparse.Namespace) -> None:
                                class_axis=args.class_axis, reinitialize=args.reinitialize,
                                train_mode=args.train_mode, weight_decay=args.weight_decay, no_decay=args.no_decay,
                                clip_grad_norm=args.clip_grad_norm, accumulate=args.accumulate,
+                               accumulate_by=args.accumulate_by,
                                label_smoothing=args.label_smoothing, **options)
     save_atomic(trainable, Path(args.output))
     print(f"wrote {args.output}: loss {args.loss}, optimizer {args.optimizer}, learning rate {args.lr}")
@@ -260,6 +262,10 @@ def parser() -> argparse.ArgumentParser:
                         "without PATTERN every parameter of rank <= 1 (biases, norm weights)")
     author.add_argument("--clip-grad-norm", type=float, metavar="MAX_NORM", help="clip gradients by global norm")
     author.add_argument("--accumulate", type=int, default=1, metavar="K", help="one update per K micro-batches")
+    author.add_argument("--accumulate-by", choices=ACCUMULATE_BY, default="items",
+                        help="weigh each micro-batch by its loss's counted labels or elements (items: one step "
+                        "on their union, as Hugging Face's Trainer) or alike (micro_batch: torch's "
+                        "(loss / K).backward())")
     author.add_argument("--reinitialize", action="store_true", help="initialization graph re-draws weights")
     author.add_argument("--train-mode", action="store_true", help="train as PyTorch's module.train(): "
                         "BatchNorm on batch statistics, running statistics updated, Dropout dropping")

@@ -32,6 +32,8 @@ OPTIMIZERS = ("sgd", "momentum", "nesterov", "adagrad", "adam", "adamw")
 LEARNING_RATE = "learning_rate"  # an algorithm input with a default: feed it to schedule the rate
 STEP = "train.step"  # updates applied so far (micro-batches that completed an accumulation)
 MICRO_STEP = "train.micro_step"  # micro-batches accumulated since the last update
+ITEMS = "train.items_sum"  # accumulate_by="items": the loss's items (counted labels, elements) since the last update
+ACCUMULATE_BY = ("items", "micro_batch")  # what weighs each micro-batch's gradient in an accumulated update
 APPLY = "train.apply"  # bool: this call applies the update
 # The ai.onnx.preview.training op each optimizer's options are named after (its attributes)
 OP_TYPES = {"momentum": "Momentum", "nesterov": "Momentum", "adagrad": "Adagrad", "adam": "Adam", "adamw": "Adam"}
@@ -55,10 +57,11 @@ class Update:
     no_decay: str | bool  # a regular expression searched in names, or True: every parameter of rank <= 1
     clip_grad_norm: float | None
     accumulate: int
+    accumulate_by: str  # one of ACCUMULATE_BY
 
 
 def check_update(optimizer: str, options: dict[str, float], weight_decay: float | None, no_decay: str | bool,
-                 clip_grad_norm: float | None, accumulate: int) -> Update:
+                 clip_grad_norm: float | None, accumulate: int, accumulate_by: str = "items") -> Update:
     if optimizer not in OPTIMIZERS:
         raise AuthoringError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     allowed = set() if optimizer == "sgd" else set(
@@ -89,9 +92,14 @@ def check_update(optimizer: str, options: dict[str, float], weight_decay: float 
         raise AuthoringError(f"clip_grad_norm must be a finite number > 0, got {clip_grad_norm!r}")
     if not is_integer(accumulate) or accumulate < 1:
         raise AuthoringError(f"accumulate must be an integer >= 1 (micro-batches per update), got {accumulate!r}")
+    # either value is accepted with accumulate=1, where both are the one micro-batch's gradient: a script that
+    # tries several k with one rule runs k=1 too
+    if not isinstance(accumulate_by, str) or accumulate_by not in ACCUMULATE_BY:
+        raise AuthoringError(f"accumulate_by must be one of {ACCUMULATE_BY} (each micro-batch weighed by its loss's "
+                             f"counted labels or elements, or alike), got {accumulate_by!r}")
     options = {**OP_DEFAULTS.get(optimizer, {}), **options}
     return Update(optimizer, {k: float(v) for k, v in options.items()}, float(weight_decay), no_decay,
-                  None if clip_grad_norm is None else float(clip_grad_norm), int(accumulate))
+                  None if clip_grad_norm is None else float(clip_grad_norm), int(accumulate), accumulate_by)
 
 
 def is_number(value: object) -> bool:
@@ -126,10 +134,11 @@ def no_decay_matches_nothing(pattern: str, names: list[str]) -> AuthoringError:
 
 
 def add_update(b: Builder, params: list[str], weights: dict[str, np.ndarray], update: Update,
-               padding_rows: Mapping[str, int], ranks: Mapping[str, int]) -> None:
+               padding_rows: Mapping[str, int], ranks: Mapping[str, int], items: str | None = None) -> None:
     """Append the Gradient node and everything after it, binding the new parameters and optimizer state;
     `padding_rows`: {table: row} whose gradient row is zero (embedding_padding.py); `ranks`: the parameters'
-    ranks for no_decay=True (parameters.source_ranks)."""
+    ranks for no_decay=True (parameters.source_ranks); `items`: the float32 value holding what the loss's mean
+    divided by, which weighs the micro-batch under accumulate_by="items" (None: unknown, each weighs alike)."""
     types = {p: helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(weights[p].dtype), weights[p].shape)
              for p in params}
     elems = {p: types[p].tensor_type.elem_type for p in params}
@@ -137,7 +146,10 @@ def add_update(b: Builder, params: list[str], weights: dict[str, np.ndarray], up
     grads = {p: f"{p}.grad" for p in params}
     b.node("Gradient", params, list(grads.values()), domain=TRAINING_DOMAIN, xs=params, y="loss")
     grads = zero_rows(b, grads, padding_rows, weights)
-    accumulated = accumulate(b, grads, weights, elems, update.accumulate) if update.accumulate > 1 else grads
+    accumulated, carried = grads, {}
+    if update.accumulate > 1:
+        by_items = items if update.accumulate_by == "items" else None
+        accumulated, carried = accumulate(b, grads, weights, elems, update.accumulate, by_items)
     grads = clip_by_global_norm(b, accumulated, elems, update.clip_grad_norm) if update.clip_grad_norm else accumulated
     to_decay = decayed(update, params, ranks)
     values = {p: p for p in params}  # what the rule updates: AdamW decays the parameters first
@@ -159,7 +171,7 @@ def add_update(b: Builder, params: list[str], weights: dict[str, np.ndarray], up
         b.update(STEP, f"{STEP}.next", helper.make_tensor_type_proto(TensorProto.INT64, []))
     if update.accumulate > 1:
         b.gate(APPLY, since=optimizer_updates)  # the optimizer's updates happen on the k-th micro-batch only
-        finish_accumulation(b, grads=accumulated, types=types)
+        finish_accumulation(b, carried)
 
 
 def zero_rows(b: Builder, grads: dict[str, str], rows: Mapping[str, int],
@@ -180,32 +192,54 @@ def zero_rows(b: Builder, grads: dict[str, str], rows: Mapping[str, int],
     return zeroed
 
 
-def accumulate(b: Builder, grads: dict[str, str], weights: dict[str, np.ndarray], elems: dict[str, int],
-               k: int) -> dict[str, str]:
-    """Sums of grad / k since the last update (torch: `(loss / k).backward()` on each micro-batch), and APPLY,
-    true on the k-th call. The sum of k micro-batches' mean-loss gradients over k is the gradient of the mean loss
-    over all their rows, when the micro-batches have equal sizes."""
+def accumulate(b: Builder, grads: dict[str, str], weights: dict[str, np.ndarray], elems: dict[str, int], k: int,
+               items: str | None) -> tuple[dict[str, str], dict[str, tuple[str, onnx.TypeProto]]]:
+    """The gradients accumulated since the last update, APPLY (true on the k-th call), and the accumulators:
+    {state variable: (its value after this micro-batch, its type)}, which finish_accumulation carries on.
+    `items` None: sums of grad / k (torch: `(loss / k).backward()` on each micro-batch), which over k micro-batches
+    of equal counts is the gradient of the mean loss over all their rows.
+    `items`, the count n_i that this micro-batch's mean loss divides by: the counts' weighted mean of the
+    gradients, sum(n_i g_i) / max(sum n_i, 1), the gradient of the mean loss over the union (Hugging Face's
+    `num_items_in_batch`) whatever the counts. It is kept as a running mean, m += (g - m) * n_i / max(N, 1) with N
+    the counts so far (`train.items_sum`), rather than as the sum of n_i g_i, so that it stays at a gradient's
+    scale: a float16 model's sum over thousands of labels would overflow. A micro-batch whose labels are all
+    ignored has n_i = 0 and a zero gradient (losses.py), so it leaves m as it was, and a whole window of them
+    leaves m at 0: a zero gradient, as torch's, not 0 / 0."""
     b.state(MICRO_STEP, np.asarray(0, np.int64))
     b.node("Add", [MICRO_STEP, b.scalar("one", 1, TensorProto.INT64)], [f"{MICRO_STEP}.next"])
     b.node("Equal", [f"{MICRO_STEP}.next", b.scalar("accumulate", k, TensorProto.INT64)], [APPLY])
-    sums = {}
+    types = {p: helper.make_tensor_type_proto(elems[p], weights[p].shape) for p in grads}
+    accumulated, carried = {}, {}
+    if items is not None:
+        b.state(ITEMS, np.asarray(0, np.float32))
+        b.node("Add", [ITEMS, items], [f"{ITEMS}.next"])
+        carried[ITEMS] = (f"{ITEMS}.next", helper.make_tensor_type_proto(TensorProto.FLOAT, []))
+        b.node("Max", [f"{ITEMS}.next", b.scalar("one", 1, TensorProto.FLOAT)], [f"{ITEMS}.divisor"])
+        b.node("Div", [items, f"{ITEMS}.divisor"], ["train.items_share"])
     for p, g in grads.items():
-        b.state(f"{p}.grad_sum", np.zeros_like(weights[p]))
-        b.node("Mul", [g, b.scalar("inverse_accumulate", 1 / k, elems[p])], [f"{p}.grad_part"])
-        b.node("Add", [f"{p}.grad_sum", f"{p}.grad_part"], [f"{p}.grad_sum.next"])
-        sums[p] = f"{p}.grad_sum.next"
-    return sums
+        total = f"{p}.grad_sum" if items is None else f"{p}.grad_mean"
+        b.state(total, np.zeros_like(weights[p]))
+        if items is None:
+            b.node("Mul", [g, b.scalar("inverse_accumulate", 1 / k, elems[p])], [f"{p}.grad_part"])
+            b.node("Add", [total, f"{p}.grad_part"], [f"{total}.next"])
+        else:
+            b.node("Sub", [g, total], [f"{total}.delta"])
+            b.node("Mul", [f"{total}.delta", b.cast("train.items_share", elems[p])], [f"{total}.change"])
+            b.node("Add", [total, f"{total}.change"], [f"{total}.next"])
+        accumulated[p] = f"{total}.next"
+        carried[total] = (f"{total}.next", types[p])
+    return accumulated, carried
 
 
-def finish_accumulation(b: Builder, grads: dict[str, str], types: dict[str, onnx.TypeProto]) -> None:
-    """The sums restart from 0 and the micro-batch count from 0 after an update; otherwise they carry on."""
+def finish_accumulation(b: Builder, carried: dict[str, tuple[str, onnx.TypeProto]]) -> None:
+    """The accumulators restart from 0 and the micro-batch count from 0 after an update; otherwise they carry on."""
     zero = b.scalar("zero", 0, TensorProto.INT64)
     b.node("Where", [APPLY, zero, f"{MICRO_STEP}.next"], [f"{MICRO_STEP}.carried"])
     b.update(MICRO_STEP, f"{MICRO_STEP}.carried", helper.make_tensor_type_proto(TensorProto.INT64, []))
-    for p, total in grads.items():
-        elem = types[p].tensor_type.elem_type
-        b.node("Where", [APPLY, b.scalar("zero", 0, elem), total], [f"{p}.grad_sum.carried"])
-        b.update(f"{p}.grad_sum", f"{p}.grad_sum.carried", types[p])
+    for variable, (value, value_type) in carried.items():
+        elem = value_type.tensor_type.elem_type
+        b.node("Where", [APPLY, b.scalar("zero", 0, elem), value], [f"{variable}.carried"])
+        b.update(variable, f"{variable}.carried", value_type)
 
 
 def clip_by_global_norm(b: Builder, grads: dict[str, str], elems: dict[str, int], max_norm: float) -> dict[str, str]:

@@ -92,7 +92,8 @@ for name in bn_states[0]:
     np.testing.assert_allclose(bn_states[1][name], bn_states[0][name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 # int64 labels stay int64 when split over the devices: device_put outside x64 mode had made them int32, and the
-# smoothed cross-entropy's mask of the labels that are not -100 was refused as comparing int32 with int64
+# smoothed cross-entropy's mask of the labels that are not -100 was refused as comparing int32 with int64; the
+# count of those labels, which accumulate_by="items" weighs micro-batches by, is the whole batch's on 8 devices
 graph = helper.make_graph(
     [helper.make_node("MatMul", ["X", "W1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
      helper.make_node("MatMul", ["r", "W2"], ["Y"])], "mlp",
@@ -100,9 +101,10 @@ graph = helper.make_graph(
     [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["N", 2])],
     [numpy_helper.from_array(params[n], n) for n in ("W1", "W2")])
 model = onnxtrain.make_trainable(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)]),
-                                 loss="cross_entropy", label_smoothing=0.1, optimizer="sgd", learning_rate=0.1)
+                                 loss="cross_entropy", label_smoothing=0.1, optimizer="sgd", learning_rate=0.1,
+                                 accumulate=2)
 labels = rng.integers(0, 2, 64)
-labels[rng.permutation(32)[:20]] = -100
+labels[rng.permutation(32)[:20]] = -100  # micro-batches of 12 and 32 labels that count
 ce_states = []
 for devices in (jax.devices()[:1], jax.devices()):
     engine = onnxtrain.load(model, devices=devices)

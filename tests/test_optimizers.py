@@ -281,6 +281,155 @@ def test_accumulation_equals_one_big_batch():
         np.testing.assert_array_equal(np.asarray(engine.state[name]), state[name])
 
 
+VOCAB, WIDTH, K = 7, 4, 3
+# labels that count (not -100) in each micro-batch of 2 x 5 tokens, k=3 per update: counts far apart (an update's
+# micro-batches weigh 10 : 3 : 6 by them, alike by the naive loop), one micro-batch with none
+COUNTS = [10, 3, 6, 0, 8, 1, 5, 9, 2]
+
+
+class TinyLM(torch.nn.Module if torch else object):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.head = torch.nn.Embedding(VOCAB, WIDTH), torch.nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.embed(ids)))
+
+
+def tiny_lm_onnx(m: TinyLM) -> onnx.ModelProto:
+    """TinyLM as its dynamo export keeps it (parameters under named_parameters()'s names), written directly."""
+    nodes = [
+        helper.make_node("Gather", ["embed.weight", "ids"], ["e"]),
+        helper.make_node("Tanh", ["e"], ["h"]),
+        helper.make_node("Transpose", ["head.weight"], ["w"], perm=[1, 0]),
+        helper.make_node("MatMul", ["h", "w"], ["s"]),
+        helper.make_node("Add", ["s", "head.bias"], ["logits"]),
+    ]
+    weights = [numpy_helper.from_array(p.detach().numpy().copy(), n) for n, p in m.named_parameters()]
+    graph = helper.make_graph(nodes, "lm", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", "T"])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", "T", VOCAB])],
+                              weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def lm_micro_batches(counts: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(ids, labels) of 2 x 5 tokens, labels -100 but at counts[i] random positions (Hugging Face's padding)."""
+    rng = np.random.default_rng(2)
+    data = []
+    for count in counts:
+        ids, labels = rng.integers(0, VOCAB, (2, 5)), rng.integers(0, VOCAB, (2, 5))
+        labels.reshape(-1)[rng.permutation(10)[count:]] = -100
+        data.append((ids, labels))
+    return data
+
+
+def train_lm_onnxtrain(data, optimizer: str, **options) -> onnxtrain.Engine:
+    model = onnxtrain.make_trainable(tiny_lm_onnx(TinyLM()), loss="cross_entropy", class_axis=-1,
+                                     optimizer=optimizer, learning_rate=0.1, accumulate=K, **options)
+    engine = onnxtrain.load(model)
+    for ids, labels in data:
+        engine.train_step({"ids": ids, "target": labels})
+    return engine
+
+
+def train_lm_torch(data, optimizer: str, rule: str, max_norm: float | None = None) -> dict[str, np.ndarray]:
+    """The loops of Hugging Face's Trainer (>= 4.46: each micro-batch's summed loss over the update's count of
+    labels that count, `num_items_in_batch`) and torch's naive one (each micro-batch's mean loss / k)."""
+    m = TinyLM()
+    make = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}[optimizer]
+    opt = make(m.parameters(), lr=0.1)
+    for u in range(0, len(data), K):
+        window = [(torch.from_numpy(ids), torch.from_numpy(labels)) for ids, labels in data[u:u + K]]
+        items = sum(int((labels != -100).sum()) for _, labels in window)
+        opt.zero_grad()
+        for ids, labels in window:
+            logits, labels = m(ids).reshape(-1, VOCAB), labels.reshape(-1)
+            if rule == "items":
+                loss = torch.nn.functional.cross_entropy(logits, labels, reduction="sum") / items
+            else:
+                loss = torch.nn.functional.cross_entropy(logits, labels) / K
+            loss.backward()
+        if max_norm is not None:
+            torch.nn.utils.clip_grad_norm_(m.parameters(), max_norm)
+        opt.step()
+    return {n: p.detach().numpy() for n, p in m.named_parameters()}
+
+
+@pytest.mark.parametrize("optimizer, max_norm", [("sgd", None), ("adamw", 0.5)])
+def test_accumulation_of_padded_labels_trains_on_the_union_as_hugging_face(optimizer, max_norm):
+    """accumulate=3 over micro-batches with different counts of -100 labels (one with none that count):
+    accumulate_by="items" (the default) equals Hugging Face's Trainer, which divides the update's summed loss by
+    its count of labels (one step on the union), and "micro_batch" torch's naive `(loss / k).backward()` loop. The
+    default had been the naive loop, which weighs a micro-batch of 3 labels as one of 10."""
+    data = lm_micro_batches(COUNTS)
+    union = train_lm_torch(data, optimizer, "items", max_norm)
+    naive = train_lm_torch(data, optimizer, "micro_batch", max_norm)
+    assert max(np.max(np.abs(union[n] - naive[n])) for n in union) > 1e-2  # the data tell the two rules apart
+    for rule, expected in (("items", union), ("micro_batch", naive)):
+        engine = train_lm_onnxtrain(data, optimizer, clip_grad_norm=max_norm, accumulate_by=rule)
+        assert int(engine.state["train.micro_step"]) == 0
+        for name, value in expected.items():
+            np.testing.assert_allclose(np.asarray(engine.state[name]), value, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{rule} {name}")
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_accumulation_with_a_smaller_last_micro_batch_equals_one_big_batch(optimizer):
+    """accumulate=3 over micro-batches of 4, 4 and 2 rows (a data set's last) with mse == torch on the batches of
+    10 they make: each micro-batch weighs by its elements. Weighed alike, the 2 rows had counted as 4."""
+    big = batches(STEPS, rows=10)
+    micro = [(x[a:b], t[a:b]) for x, t in big for a, b in ((0, 4), (4, 8), (8, 10))]
+    losses, state, _ = train_onnxtrain(micro, optimizer=optimizer, accumulate=3)
+    make = {"sgd": lambda m: torch.optim.SGD(m.parameters(), lr=LR),
+            "adam": lambda m: torch.optim.Adam(m.parameters(), lr=LR)}[optimizer]
+    big_losses = np.average(np.reshape(losses, (STEPS, 3)), axis=1, weights=[4, 4, 2])
+    assert_same_training((big_losses, state), train_torch(big, make))
+
+
+def test_an_update_whose_labels_are_all_ignored_leaves_sgd_where_it_was():
+    """An update whose 3 micro-batches hold only -100 labels: a zero gradient (torch's), not 0 / 0: SGD leaves the
+    parameters as they were and no state variable is NaN."""
+    data = lm_micro_batches([10, 3, 6, 0, 0, 0])
+    engine = train_lm_onnxtrain(data[:3], "sgd")
+    before = {n: np.asarray(v) for n, v in engine.state.items()}
+    for ids, labels in data[3:]:
+        engine.train_step({"ids": ids, "target": labels})
+    for name, value in engine.state.items():
+        assert not np.isnan(np.asarray(value)).any(), name
+    for name in ("embed.weight", "head.weight", "head.bias"):
+        np.testing.assert_array_equal(np.asarray(engine.state[name]), before[name])
+
+
+def test_a_checkpoint_inside_an_accumulation_window_resumes_exactly(tmp_path):
+    """save_state after two micro-batches of the second update holds their count (train.items_sum), so the resumed
+    run ends where the uninterrupted run does, bit for bit (AdamW, clipped)."""
+    data = lm_micro_batches(COUNTS)
+    whole = train_lm_onnxtrain(data, "adamw", clip_grad_norm=0.5)
+    first = train_lm_onnxtrain(data[:5], "adamw", clip_grad_norm=0.5)
+    assert float(first.state["train.items_sum"]) == COUNTS[3] + COUNTS[4]
+    first.save_state(tmp_path / "mid.npz")
+    resumed = onnxtrain.load(onnxtrain.make_trainable(tiny_lm_onnx(TinyLM()), loss="cross_entropy", class_axis=-1,
+                                                      optimizer="adamw", learning_rate=0.1, accumulate=K,
+                                                      clip_grad_norm=0.5))
+    resumed.load_state(tmp_path / "mid.npz")
+    for ids, labels in data[5:]:
+        resumed.train_step({"ids": ids, "target": labels})
+    for name, value in whole.state.items():
+        np.testing.assert_array_equal(np.asarray(resumed.state[name]), np.asarray(value), err_msg=name)
+
+
+def test_a_loss_output_accumulates_each_micro_batch_alike():
+    """loss="output:NAME": what the model's loss averages over is not in the graph, so accumulate_by="items" (the
+    default) weighs its micro-batches alike: the training graph is accumulate_by="micro_batch"'s."""
+    model = onnx_model(module())
+    model.graph.node.append(helper.make_node("ReduceSumSquare", ["Y"], ["loss_out"], keepdims=0))
+    model.graph.output.append(helper.make_tensor_value_info("loss_out", TensorProto.FLOAT, []))
+    items, alike = (onnxtrain.make_trainable(model, loss="output:loss_out", accumulate=2, accumulate_by=rule)
+                    for rule in ("items", "micro_batch"))
+    assert items.training_info[0] == alike.training_info[0]
+
+
 @pytest.mark.parametrize("options, message", [
     ({"optimizer": "adam", "norm_coefficient": 0.1}, "norm_coefficient: use weight_decay="),
     ({"optimizer": "momentum", "epsilon": 0.1}, "optimizer 'momentum' has no option 'epsilon'"),
@@ -295,18 +444,23 @@ def test_accumulation_equals_one_big_batch():
     ({"optimizer": "adam", "clip_grad_norm": 0.0}, "clip_grad_norm must be a finite number > 0"),
     ({"optimizer": "adam", "accumulate": 0}, "accumulate must be an integer >= 1"),
     ({"optimizer": "adam", "accumulate": 2.0}, "accumulate must be an integer >= 1"),
+    ({"optimizer": "adam", "accumulate": 2, "accumulate_by": "tokens"},
+     "accumulate_by must be one of .'items', 'micro_batch'. .*got 'tokens'"),
 ])
 def test_bad_optimizer_options_are_refused(options, message):
     with pytest.raises(AuthoringError, match=message.replace("(", r"\(")):
         onnxtrain.make_trainable(onnx_model(module()), **options)
 
 
-def test_cli_passes_the_optimizer_options(tmp_path):
+@pytest.mark.parametrize("accumulate_by", [None, "micro_batch"])
+def test_cli_passes_the_optimizer_options(accumulate_by, tmp_path):
     onnx.save(onnx_model(module()), tmp_path / "mlp.onnx")
+    given = [] if accumulate_by is None else ["--accumulate-by", accumulate_by]
     result = subprocess.run([sys.executable, "-m", "onnxtrain.cli", "make-trainable", tmp_path / "mlp.onnx",
                              "--optimizer", "adamw", "--weight-decay", "0.5", "--no-decay", "--clip-grad-norm", "1",
-                             "--accumulate", "3", "-o", tmp_path / "out.onnx"], capture_output=True, text=True)
+                             "--accumulate", "3", *given, "-o", tmp_path / "out.onnx"], capture_output=True,
+                            text=True)
     assert result.returncode == 0, result.stderr
     expected = onnxtrain.make_trainable(onnx_model(module()), optimizer="adamw", weight_decay=0.5, no_decay=True,
-                                        clip_grad_norm=1.0, accumulate=3)
+                                        clip_grad_norm=1.0, accumulate=3, accumulate_by=accumulate_by or "items")
     assert onnx.load(tmp_path / "out.onnx").training_info[0] == expected.training_info[0]
