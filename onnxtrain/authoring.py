@@ -374,6 +374,12 @@ def make_trainable(
     # MatMul and Add in float64) is float64, which a declared float had refused at the first step
     inputs, loss_elem, items = add_loss(b, graph, loss, prediction, ignore_index, class_axis, label_smoothing, opset,
                                         count_items=update.accumulate > 1 and update.accumulate_by == "items")
+    if update.accumulate > 1 and update.accumulate_by == "items" and items is None:
+        # a model's own loss (a Hugging Face model's mean over its -100 labels) hides what it averaged over
+        warnings.warn(f"accumulate_by='items' (the default) weighs each micro-batch by what its mean loss divides "
+                      f"by, which loss={loss!r} does not say: its {update.accumulate} micro-batches weigh alike, as "
+                      "accumulate_by='micro_batch' (pass it to say so); for one step on their union, train the "
+                      "logits with loss='cross_entropy' and prediction=", UserWarning, stacklevel=2)
     params = select_trainable(result, trainable)
     # the update reads each weight's shape and dtype, never its values: zero-stride stand-ins, not a decoded copy
     weights = {t.name: np.broadcast_to(np.zeros((), helper.tensor_dtype_to_np_dtype(t.data_type)), tuple(t.dims))

@@ -421,12 +421,15 @@ def test_a_checkpoint_inside_an_accumulation_window_resumes_exactly(tmp_path):
 
 def test_a_loss_output_accumulates_each_micro_batch_alike():
     """loss="output:NAME": what the model's loss averages over is not in the graph, so accumulate_by="items" (the
-    default) weighs its micro-batches alike: the training graph is accumulate_by="micro_batch"'s."""
+    default) weighs its micro-batches alike, saying so: the training graph is accumulate_by="micro_batch"'s."""
     model = onnx_model(module())
     model.graph.node.append(helper.make_node("ReduceSumSquare", ["Y"], ["loss_out"], keepdims=0))
     model.graph.output.append(helper.make_tensor_value_info("loss_out", TensorProto.FLOAT, []))
-    items, alike = (onnxtrain.make_trainable(model, loss="output:loss_out", accumulate=2, accumulate_by=rule)
-                    for rule in ("items", "micro_batch"))
+    with pytest.warns(UserWarning, match="its 2 micro-batches weigh alike"):
+        items = onnxtrain.make_trainable(model, loss="output:loss_out", accumulate=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said explicitly: no warning
+        alike = onnxtrain.make_trainable(model, loss="output:loss_out", accumulate=2, accumulate_by="micro_batch")
     assert items.training_info[0] == alike.training_info[0]
 
 
