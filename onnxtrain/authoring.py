@@ -19,7 +19,9 @@ from .optimizers import (  # noqa: F401 (OPTIMIZERS, STEP: API)
     LEARNING_RATE, OPTIMIZERS, STEP, add_update, check_update, is_number,
 )
 from .dtypes import TRAINING_FLOAT_TYPES
-from .parameters import running_statistics, select_trainable, source_ranks  # noqa: F401 (running_statistics: API)
+from .parameters import (  # noqa: F401 (running_statistics: API)
+    recurrent_halves, running_statistics, select_trainable, source_ranks,
+)
 from .train_mode import add_training_forward, warn_of_train_mode_nodes
 
 LOSSES = ("mse", "cross_entropy", "bce_logits")
@@ -347,7 +349,8 @@ def make_trainable(
     BatchNormalization, Dropout dropping, while the inference graph stays in eval mode (onnxtrain/train_mode.py).
     `padding_idx={table: row}`: embedding rows that get no gradient, as PyTorch's `nn.Embedding(padding_idx=row)`
     gives them none (onnxtrain/embedding_padding.py); by default the rows the dynamo exporter records, which a
-    TorchScript export does not (pass them); {} for none.
+    TorchScript export does not (pass them); {} for none. The zero recurrent half that tf2onnx adds to a Keras
+    LSTM's one bias gets no gradient either, so that bias trains as Keras's (parameters.recurrent_halves).
 
     Mixed precision is not a make_trainable option: it is how a runtime computes the graph, not part of it, so
     the model stays plain float32 ONNX; choose it when running: `load(model, mixed_precision="bfloat16")`."""
@@ -387,8 +390,10 @@ def make_trainable(
     b.initializers.append(numpy_helper.from_array(np.asarray(learning_rate, np.float32), LEARNING_RATE))
     inputs.append(helper.make_tensor_value_info(LEARNING_RATE, TensorProto.FLOAT, []))
     shapes = {p: weights[p].shape for p in params}
-    add_update(b, params, weights, update, padding_rows(result, params, padding_idx, shapes),
-               source_ranks(graph, shapes), items)
+    # gradients the source model has none of: an embedding's padding row, a Keras LSTM bias's added recurrent half
+    zeroed = {table: np.array([[row]]) for table, row in padding_rows(result, params, padding_idx, shapes).items()}
+    add_update(b, params, weights, update, zeroed | recurrent_halves(result, params), source_ranks(graph, shapes),
+               items)
     if reinitialize:
         reinitialize_weights(b, params, weights)
     check_names_free(graph, b, inputs)

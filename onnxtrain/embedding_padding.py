@@ -4,7 +4,7 @@ PyTorch's embedding backward gives row p no gradient ("the entries at padding_id
 gradient"), while the ONNX export is a plain Gather, whose gradient adds every lookup's, padding tokens' included:
 trained as the graph says, a batch with padding moves row p where PyTorch leaves it (and a language model's
 padding vector drifts). make_trainable therefore zeroes those rows of the table's gradient
-(optimizers.zero_rows), right after the Gradient node and before clipping, decay and the optimizer, which is where
+(optimizers.zero_parts), right after the Gradient node and before clipping, decay and the optimizer, which is where
 PyTorch's zero sits: weight decay still moves the row, as torch.optim's does.
 
 The rows come from `padding_idx={table: row}`, or, by default, from the dynamo exporter's provenance of each

@@ -134,18 +134,20 @@ def no_decay_matches_nothing(pattern: str, names: list[str]) -> AuthoringError:
 
 
 def add_update(b: Builder, params: list[str], weights: dict[str, np.ndarray], update: Update,
-               padding_rows: Mapping[str, int], ranks: Mapping[str, int], items: str | None = None) -> None:
+               zeroed: Mapping[str, np.ndarray], ranks: Mapping[str, int], items: str | None = None) -> None:
     """Append the Gradient node and everything after it, binding the new parameters and optimizer state;
-    `padding_rows`: {table: row} whose gradient row is zero (embedding_padding.py); `ranks`: the parameters'
-    ranks for no_decay=True (parameters.source_ranks); `items`: the float32 value holding what the loss's mean
-    divided by, which weighs the micro-batch under accumulate_by="items" (None: unknown, each weighs alike)."""
+    `zeroed`: {parameter: indices of the parts whose gradient is zero} (zero_parts: an embedding's padding row,
+    embedding_padding.py; the zero recurrent half of a Keras LSTM's bias, parameters.recurrent_halves);
+    `ranks`: the parameters' ranks for no_decay=True (parameters.source_ranks); `items`: the float32 value holding
+    what the loss's mean divided by, which weighs the micro-batch under accumulate_by="items" (None: unknown, each
+    weighs alike)."""
     types = {p: helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(weights[p].dtype), weights[p].shape)
              for p in params}
     elems = {p: types[p].tensor_type.elem_type for p in params}
     optimizer_updates = len(b.updates)  # train mode's running statistics, bound before, update every micro-batch
     grads = {p: f"{p}.grad" for p in params}
     b.node("Gradient", params, list(grads.values()), domain=TRAINING_DOMAIN, xs=params, y="loss")
-    grads = zero_rows(b, grads, padding_rows, weights)
+    grads = zero_parts(b, grads, zeroed, weights)
     accumulated, carried = grads, {}
     if update.accumulate > 1:
         by_items = items if update.accumulate_by == "items" else None
@@ -174,21 +176,24 @@ def add_update(b: Builder, params: list[str], weights: dict[str, np.ndarray], up
         finish_accumulation(b, carried)
 
 
-def zero_rows(b: Builder, grads: dict[str, str], rows: Mapping[str, int],
-              weights: dict[str, np.ndarray]) -> dict[str, str]:
-    """Each table's gradient with row `rows[table]` set to zero: a ScatterND of a zero row, exact whatever the
-    other rows hold (a NaN among them included). The zero row is made by ConstantOfShape, a value known when
-    the step is traced (lower/sparse_update.py keeps SGD's rows-only update through it)."""
+def zero_parts(b: Builder, grads: dict[str, str], parts: Mapping[str, np.ndarray],
+               weights: dict[str, np.ndarray]) -> dict[str, str]:
+    """Each parameter's gradient with the parts at `parts[p]` set to zero: indices [k, r] into its leading r axes
+    (an embedding's padding row [[row]]; every element of a recurrent bias half, r = 2), a ScatterND of zeros,
+    exact whatever the other elements hold (a NaN among them included), where a Mul by a 0/1 mask would keep NaN.
+    The zeros are made by ConstantOfShape, a value known when the step is traced (lower/sparse_update.py keeps
+    SGD's rows-only update of an embedding through it)."""
     zeroed = dict(grads)
-    for table, row in rows.items():
-        weight = weights[table]
-        index = numpy_helper.from_array(np.array([[row]], np.int64), f"{table}.zeroed_row")
-        shape = numpy_helper.from_array(np.array([1, *weight.shape[1:]], np.int64), f"{table}.zero_row.shape")
+    for p, at in parts.items():
+        weight = weights[p]
+        index = numpy_helper.from_array(np.asarray(at, np.int64), f"{p}.zeroed")
+        shape = numpy_helper.from_array(np.array([len(at), *weight.shape[at.shape[1]:]], np.int64),
+                                        f"{p}.zeros.shape")
         b.initializers += [index, shape]
-        b.node("ConstantOfShape", [shape.name], [f"{table}.zero_row"],
+        b.node("ConstantOfShape", [shape.name], [f"{p}.zeros"],
                value=numpy_helper.from_array(np.zeros(1, weight.dtype)))
-        b.node("ScatterND", [grads[table], index.name, f"{table}.zero_row"], [f"{table}.grad.row_zeroed"])
-        zeroed[table] = f"{table}.grad.row_zeroed"
+        b.node("ScatterND", [grads[p], index.name, f"{p}.zeros"], [f"{p}.grad.zeroed"])
+        zeroed[p] = f"{p}.grad.zeroed"
     return zeroed
 
 

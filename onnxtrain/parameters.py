@@ -527,7 +527,7 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str], recor
             repeated.append(f"{n} ({how})")
     untied = [f"{b} is a {how} copy of {a}" for a, b, how in untied_copies(arrays, alike.values())]
     folded = folded_batchnorm(model.graph, set(chosen))
-    doubled = added_recurrent_biases(model, set(chosen))
+    absent = [n for n, value in added_recurrent_biases(model, set(chosen)).items() if not np.any(value)]
     keep = KEEP_PARAMETERS
     kinds = [
         (", ".join(merged),
@@ -552,11 +552,10 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str], recor
          "BatchNorm folded into Conv (ConvTranspose, Gemm) by the exporter: the BatchNorm's scale and shift are "
          "gone and the fused kernel W*gamma/sqrt(var+eps) and bias would train instead, another parameterisation. "
          f"To keep BatchNorm, {KEEP_BATCH_NORM}"),
-        (", ".join(doubled),
-         "a recurrence's B whose recurrent half (Rb) is zeros the converter added for the source model's one bias "
-         "(Keras's LSTM, GRU(reset_after=False)): the node adds Wb + Rb, so training both halves moves that bias "
-         "twice as far per SGD step as Keras does. Leave B out of the trainable set, or make Rb a Constant node in "
-         "the model (B = Concat(Wb, Rb)) to train it as Keras does"),
+        (", ".join(absent),
+         "a recurrence's B that is all zeros, as tf2onnx writes it for a Keras LSTM(use_bias=False), which has no "
+         "bias: trained, its input half moves (its recurrent half, added by the converter, stays zero). If the "
+         "Keras layer has no bias, leave B out of the trainable set"),
     ]
     for names, why in kinds:
         if names:
@@ -712,22 +711,33 @@ def folded_batchnorm(graph: onnx.GraphProto, chosen: set[str]) -> list[str]:
 ZERO_RECURRENT_BIAS_PRODUCERS = {"tf2onnx"}
 
 
-def added_recurrent_biases(model: onnx.ModelProto, chosen: set[str]) -> list[str]:
-    """Chosen B inputs of the LSTM, RNN and GRU (linear_before_reset=0: there too each gate adds Wb + Rb) nodes of a
-    converter that adds a zero Rb (ZERO_RECURRENT_BIAS_PRODUCERS), where Rb is all zeros. A GRU with
+def added_recurrent_biases(model: onnx.ModelProto, chosen: set[str]) -> dict[str, np.ndarray]:
+    """{B: its values} of the chosen B inputs of the LSTM, RNN and GRU (linear_before_reset=0: there too each gate
+    adds Wb + Rb) nodes of a converter that adds a zero Rb (ZERO_RECURRENT_BIAS_PRODUCERS), where Rb is all zeros
+    (tf2onnx 1.17 writes a Keras LSTM's bias so; a B trained with Rb held, recurrent_halves, stays so). A GRU with
     linear_before_reset=1 (Keras's reset_after=True) has two biases in the source model too."""
     if model.producer_name not in ZERO_RECURRENT_BIAS_PRODUCERS:
-        return []
-    found = []
+        return {}
+    found = {}
     for node in model.graph.node:
         before_reset = next((a.i for a in node.attribute if a.name == "linear_before_reset"), 0)
         if (node.op_type not in ("LSTM", "RNN", "GRU") or (node.op_type == "GRU" and before_reset)
                 or len(node.input) < 4 or node.input[3] not in chosen or node.input[3] in found):
             continue
         tensor = next((t for t in model.graph.initializer if t.name == node.input[3]), None)
-        if tensor is not None and not np.any(tensor_value(tensor)[..., tensor.dims[-1] // 2:]):
-            found.append(node.input[3])
+        value = tensor_value(tensor) if tensor is not None else None
+        if value is not None and not np.any(value[..., value.shape[-1] // 2:]):
+            found[node.input[3]] = value
     return found
+
+
+def recurrent_halves(model: onnx.ModelProto, params: list[str]) -> dict[str, np.ndarray]:
+    """{B: the indices of its recurrent half} of each trained B that added_recurrent_biases finds: the source model
+    has one bias b = Wb + Rb, so make_trainable zeroes Rb's gradient (optimizers.zero_parts): Rb stays zero and Wb
+    takes b's whole gradient, as Keras trains b, under every optimizer (Rb's zero gradient leaves its moments and
+    its decay at zero). Trained as two halves, b had moved twice Keras's SGD step."""
+    return {name: np.argwhere(np.broadcast_to(np.arange(value.shape[-1]) >= value.shape[-1] // 2, value.shape))
+            for name, value in added_recurrent_biases(model, set(params)).items()}
 
 
 def summary(a: np.ndarray) -> tuple:

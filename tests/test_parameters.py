@@ -70,8 +70,7 @@ def test_a_fill_value_expanded_to_a_run_time_shape_is_a_setting():
     trainable weights: kernel, recurrent_kernel, bias; gamma, beta); the default set had trained all three, and 5
     SGD steps of a converted Keras LSTM text model, GRU model and Transformer block left Keras's losses by up to
     2e-6, 8e-6 and 7e-2 (tf_keras 2.21, tf2onnx 1.17)."""
-    with pytest.warns(onnxtrain.ParameterizationWarning):  # B's added half, test_a_recurrent_bias_added_...
-        assert select_trainable(keras_lstm(), None) == ["W", "R", "B"]
+    assert default_set(keras_lstm()) == ["W", "R", "B"]
     rng = np.random.default_rng(6)
     nodes = [helper.make_node("Expand", ["ones", "channels"], ["scale"]),
              helper.make_node("Expand", ["zeros", "channels"], ["shift"]),
@@ -120,25 +119,50 @@ def test_a_torchscript_export_of_an_expanded_0d_parameter_trains_it():
     np.testing.assert_allclose(float(engine.state["alpha"]), module.alpha.item(), rtol=1e-6)
 
 
-@pytest.mark.parametrize("producer, recurrent_bias, warned", [
-    ("tf2onnx", 0.0, True), ("tf2onnx", 0.5, False), ("pytorch", 0.0, False)])
-def test_a_recurrent_bias_added_by_the_converter_is_warned_about(producer, recurrent_bias, warned):
-    """tf2onnx gives a Keras LSTM's one bias a zero recurrent half Rb in B; every gate adds Wb + Rb, so training
-    both halves moves the bias twice as far per SGD step as Keras: 5 steps of a converted Keras LSTM text model
-    matched Keras's losses (1.0387, 1.0126, 0.9885, 0.9661 after the first) only with Keras's bias step doubled
-    (1.0381, 1.0115, 0.9869, 0.9640, as onnxtrain trained it). A PyTorch export's B holds bias_ih and bias_hh,
-    two parameters: a zero bias_hh trains as PyTorch's, and is not warned about."""
-    model = keras_lstm(producer, recurrent_bias)
-    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.ones((), np.float32), "zeros"))  # a non-fill
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        select_trainable(model, ["W", "R", "B"])
-    messages = [str(w.message) for w in caught if w.category is onnxtrain.ParameterizationWarning]
-    assert messages == (["B: a recurrence's B whose recurrent half (Rb) is zeros the converter added for the source "
-                         "model's one bias (Keras's LSTM, GRU(reset_after=False)): the node adds Wb + Rb, so training "
-                         "both halves moves that bias twice as far per SGD step as Keras does. Leave B out of the "
-                         "trainable set, or make Rb a Constant node in the model (B = Concat(Wb, Rb)) to train it as "
-                         "Keras does"] if warned else [])
+@pytest.mark.parametrize("producer", ["tf2onnx", "pytorch"])
+def test_a_recurrent_bias_added_by_the_converter_trains_as_the_source_models_one_bias(producer):
+    """tf2onnx gives a Keras LSTM's one bias b a zero recurrent half Rb in B; every gate adds Wb + Rb, so training
+    both halves had moved b twice as far per SGD step as Keras (5 steps of a converted Keras LSTM text model:
+    losses 1.0381, 1.0115, 0.9869, 0.9640 after the first, Keras's 1.0387, 1.0126, 0.9885, 0.9661), which was only
+    warned about. Rb's gradient is now zero: Rb stays zero and Wb trains as b, as PyTorch's LSTM does with a
+    frozen zero bias_hh. A PyTorch export's B holds bias_ih and bias_hh, two parameters: a zero bias_hh trains."""
+    import torch
+    model = keras_lstm(producer)
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 2, 3]))  # Y_h
+    # named: the 0-d zero state is a fill value in tf2onnx's conversions alone
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=0.5,
+                                                     trainable=["W", "R", "B"]))
+    w, r, b = (numpy_helper.to_array(t)[0] for t in model.graph.initializer if t.name in ("W", "R", "B"))
+    gates = np.r_[0:3, 6:12, 3:6]  # ONNX's gates i, o, f, c in torch's order i, f, c, o (hidden 3)
+    lstm = torch.nn.LSTM(4, 3)
+    with torch.no_grad():
+        for p, value in zip(lstm.parameters(), [w[gates], r[gates], b[:12][gates], b[12:][gates]]):
+            p.copy_(torch.from_numpy(value))
+    lstm.bias_hh_l0.requires_grad_(producer != "tf2onnx")  # Keras's one bias: bias_ih alone
+    optimizer = torch.optim.SGD([p for p in lstm.parameters() if p.requires_grad], lr=0.5)
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        x, y = rng.normal(size=(5, 2, 4)).astype(np.float32), rng.normal(size=(1, 2, 3)).astype(np.float32)
+        loss = float(engine.train_step({"X": x, "target": y})["loss"])
+        optimizer.zero_grad()
+        expected = torch.nn.functional.mse_loss(lstm(torch.from_numpy(x))[1][0], torch.from_numpy(y))
+        expected.backward()
+        optimizer.step()
+        np.testing.assert_allclose(loss, expected.item(), rtol=1e-5)
+    trained = np.asarray(engine.state["B"])[0]
+    np.testing.assert_allclose(trained[:12][gates], lstm.bias_ih_l0.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(trained[12:][gates], lstm.bias_hh_l0.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert (producer == "tf2onnx") == (not np.any(trained[12:]))
+
+
+def test_an_all_zero_converted_recurrent_bias_is_warned_about():
+    """tf2onnx writes zeros for the bias of a Keras LSTM(use_bias=False), which has none: trained, B's input half
+    moves, so an all-zero B of tf2onnx's is warned about (a Keras LSTM's default bias has its forget gate at 1)."""
+    model = keras_lstm()
+    model.graph.initializer[3].CopyFrom(numpy_helper.from_array(np.zeros((1, 24), np.float32), "B"))
+    with pytest.warns(onnxtrain.ParameterizationWarning, match=r"^B: a recurrence's B that is all zeros"):
+        assert select_trainable(model, None) == ["W", "R", "B"]
+    assert default_set(keras_lstm(recurrent_bias=0.5)) == ["W", "R", "B"]
 
 
 def additive(shape: tuple[int, ...], value: float = 0.0) -> onnx.ModelProto:

@@ -94,7 +94,7 @@ def sgd_rows(node: Node, args: Sequence[Value], sparse: dict[str, SparseRows], r
 
 
 def zeroed_rows(node: Node, args: Sequence[Value], sparse: dict[str, SparseRows]) -> SparseRows | None:
-    """The rows of `ScatterND(dW, rows, zeros)` (make_trainable's padding rows, optimizers.zero_rows) where dW is
+    """The rows of `ScatterND(dW, rows, zeros)` (make_trainable's padding rows, optimizers.zero_parts) where dW is
     a lookup's SparseRows: those rows' gradients zeroed, so SGD still updates only the rows looked up; None for
     any other node."""
     if (node.op_type != "ScatterND" or node.domain or len(args) != 3 or node.inputs[0] not in sparse
