@@ -213,25 +213,49 @@ def label_count(b: Builder, ignore_index: int, elem: int) -> str:
     return name
 
 
-# The losses that read logits, each with the op whose output is its probabilities (the ops apply them again)
-LOGIT_LOSSES = {"cross_entropy": "Softmax", "bce_logits": "Sigmoid"}
+# The losses that read logits (they apply a softmax or sigmoid themselves)
+LOGIT_LOSSES = ("cross_entropy", "bce_logits")
+# The ops whose output is probabilities, each with the loss that takes its input as logits
+PROBABILITY_OPS = {"Softmax": "cross_entropy", "Sigmoid": "bce_logits"}
+# The nodes a converter hands probabilities on through, each with the input that holds them and, where the op could
+# be anything else, the op that makes its other input: skl2onnx names a Softmax's output through an Identity, writes
+# a binary classifier's two columns as Concat(Sub(1, p), p) (MLPClassifier, SGDClassifier) and a
+# LogisticRegression's one-vs-rest sigmoids normalized, Div(p, ReduceSum(Abs(p))) (binary: scores [-z, z])
+PROBABILITY_VIEWS = {"Identity": (0, None), "Concat": (1, (0, "Sub")), "Div": (0, (1, "ReduceSum"))}
 
 
 def check_logits(graph: onnx.GraphProto, loss: str, prediction: str) -> None:
     """A warning for a loss on logits whose prediction is already probabilities (the Softmax or Sigmoid a
-    classifier's export ends in: skl2onnx's `probabilities`): the loss applies its softmax again and trains toward
-    another loss (skl2onnx's MLPClassifier: 1.14 against the log-loss's 1.36, falling 8x more slowly). Not an
-    error: torch's cross_entropy on a module that ends in a softmax trains just so, and so does this."""
+    classifier's export ends in, through PROBABILITY_VIEWS: skl2onnx's `probabilities`): the loss applies its
+    softmax again and trains toward another loss (skl2onnx's MLPClassifier: 1.14 against the log-loss's 1.36,
+    falling 8x more slowly). Not an error: torch's cross_entropy on a module that ends in a softmax trains just so,
+    and so does this."""
     producers = {o: node for node in graph.node for o in node.output}
     node = producers.get(prediction)
-    while node is not None and node.op_type == "Identity":  # skl2onnx names the Softmax's output through one
-        node = producers.get(node.input[0])
-    if loss in LOGIT_LOSSES and node is not None and node.op_type == LOGIT_LOSSES[loss]:
+    while node is not None and (held := probabilities_passed_on(node, producers)) is not None:
+        node = producers.get(held)
+    if loss in LOGIT_LOSSES and node is not None and node.op_type in PROBABILITY_OPS and not node.domain:
+        logit_loss = PROBABILITY_OPS[node.op_type]
         warnings.warn(
             f"loss={loss!r} takes logits, as torch's does, but prediction {prediction!r} holds probabilities, "
             f"the output of {node.op_type} {node.name or node.output[0]!r}: it trains the {loss} of those "
-            f"probabilities (as torch's loss on such a module would); for the {loss} of the logits, name its "
-            f"input: prediction={node.input[0]!r}", UserWarning, stacklevel=3)
+            f"probabilities (as torch's loss on such a module would); for the {logit_loss} of the logits, name its "
+            f"input: prediction={node.input[0]!r}{f', loss={logit_loss!r}' if logit_loss != loss else ''}",
+            UserWarning, stacklevel=3)
+
+
+def probabilities_passed_on(node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto]) -> str | None:
+    """The input of `node` that holds the probabilities it hands on (PROBABILITY_VIEWS), None if it is no view."""
+    if node.op_type not in PROBABILITY_VIEWS or node.domain:
+        return None
+    held, other = PROBABILITY_VIEWS[node.op_type]
+    if len(node.input) != (1 if other is None else 2):
+        return None
+    if other is not None:
+        made_by = producers.get(node.input[other[0]])
+        if made_by is None or made_by.op_type != other[1]:
+            return None
+    return node.input[held]
 
 
 def add_cross_entropy(b: Builder, prediction: str, shape: list | None, ignore_index: int,

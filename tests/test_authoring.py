@@ -5,6 +5,7 @@ weight decay, clipping and accumulation."""
 from __future__ import annotations
 
 import io
+import warnings
 
 import numpy as np
 import onnx
@@ -441,6 +442,79 @@ def test_a_converted_classifier_trains_on_the_scores_before_its_softmax():
         w0, b0, w1, b1 = w0 - 0.5 * x.T @ dh, b0 - 0.5 * dh.sum(0), w1 - 0.5 * h.T @ dz, b1 - 0.5 * dz.sum(0)
     for name, expected in zip(["coefficient", "intercepts", "coefficient1", "intercepts1"], [w0, b0, w1, b1]):
         np.testing.assert_allclose(np.asarray(engine.state[name]), expected, rtol=1e-4, atol=1e-6)
+
+
+def skl2onnx_binary_classifier(normalized: bool) -> onnx.ModelProto:
+    """A binary linear classifier as skl2onnx 1.20 converts it for float64 inputs (zipmap=False): SGDClassifier's
+    (MLPClassifier's alike) probabilities are Concat(Sub(1, p), p) of p = Sigmoid(score), its one score [N, 1];
+    LogisticRegression's (`normalized`) are its one-vs-rest sigmoids normalized, Div(p, ReduceSum(Abs(p))), of
+    scores [-z, z] (coefficients stored negated in the first column)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(8)
+    coef, intercept = rng.normal(size=(4, 1)), rng.normal(size=(1, 1))
+    if normalized:
+        coef, intercept = np.concatenate([-coef, coef], 1), np.concatenate([-intercept, intercept], 1)
+        tail = [helper.make_node("Sigmoid", ["score"], ["raw_scoressig"]),
+                helper.make_node("Abs", ["raw_scoressig"], ["norm_abs"]),
+                helper.make_node("ReduceSum", ["norm_abs", "axis"], ["norm"], keepdims=1),
+                helper.make_node("Div", ["raw_scoressig", "norm"], ["probabilities"])]
+    else:
+        tail = [helper.make_node("Sigmoid", ["score"], ["sigmoid"]),
+                helper.make_node("Sub", ["unity", "sigmoid"], ["sigmo_0"]),
+                helper.make_node("Concat", ["sigmo_0", "sigmoid"], ["probabilities"], axis=1)]
+    nodes = [helper.make_node("MatMul", ["X", "coef"], ["matmul_result"]),
+             helper.make_node("Add", ["matmul_result", "intercept"], ["score"]), *tail,
+             helper.make_node("ArgMax", ["probabilities"], ["label"], axis=1, keepdims=0)]
+    graph = helper.make_graph(
+        nodes, "linear", [helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", 4])],
+        [helper.make_tensor_value_info("label", TensorProto.INT64, ["N"]),
+         helper.make_tensor_value_info("probabilities", TensorProto.DOUBLE, ["N", 2])],
+        [numpy_helper.from_array(coef, "coef"), numpy_helper.from_array(intercept, "intercept"),
+         numpy_helper.from_array(np.ones((), np.float64), "unity"), numpy_helper.from_array(np.array([1]), "axis")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "bce_logits"])
+@pytest.mark.parametrize("normalized", [False, True])
+def test_a_converted_binary_classifiers_probabilities_are_told_from_logits(normalized, loss):
+    """skl2onnx's binary classifiers write their probabilities as Concat(1 - sigmoid, sigmoid) or as sigmoids
+    normalized by their sum, which the warning about a logit loss on probabilities had not told (it looked through
+    Identity alone): a cross-entropy on them trained toward another loss, unwarned. The warning names the sigmoid's
+    input and bce_logits; the one score trained so is NumPy's logistic regression (one SGD step)."""
+    model = skl2onnx_binary_classifier(normalized)
+    hint = "$" if loss == "bce_logits" else ", loss='bce_logits'"
+    with pytest.warns(UserWarning, match=r"prediction 'probabilities' holds probabilities, the output of Sigmoid "
+                      r".* name its input: prediction='score'" + hint):
+        onnxtrain.make_trainable(model, loss=loss, prediction="probabilities")
+    if normalized or loss != "bce_logits":
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trainable = onnxtrain.make_trainable(model, loss="bce_logits", prediction="score", optimizer="sgd",
+                                             learning_rate=0.5)
+    x, y = np.random.default_rng(9).normal(size=(6, 4)), np.array([[0.0], [1], [1], [0], [1], [0]])
+    w, b = (onnx.numpy_helper.to_array(t) for t in model.graph.initializer[:2])
+    engine = onnxtrain.load(trainable)
+    loss_value = float(engine.train_step({"X": x, "target": y})["loss"])
+    p = 1 / (1 + np.exp(-(x @ w + b)))
+    np.testing.assert_allclose(loss_value, -np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)), rtol=1e-10)
+    np.testing.assert_allclose(np.asarray(engine.state["coef"]), w - 0.5 * x.T @ (p - y) / 6, rtol=1e-10)
+
+
+def test_a_logit_loss_on_a_concat_of_other_values_is_not_warned_about():
+    """Concat and Div hand probabilities on only in skl2onnx's forms (Sub(1, p) beside p; p over a ReduceSum):
+    a Sigmoid's output concatenated with another feature is no probabilities of classes."""
+    from onnx import TensorProto, helper
+
+    model = skl2onnx_binary_classifier(normalized=False)
+    graph = model.graph
+    graph.node[3].CopyFrom(helper.make_node("Mul", ["unity", "sigmoid"], ["sigmo_0"]))
+    assert [n.op_type for n in graph.node][2:5] == ["Sigmoid", "Mul", "Concat"]
+    assert graph.output[1].type.tensor_type.elem_type == TensorProto.DOUBLE
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        onnxtrain.make_trainable(model, loss="cross_entropy", prediction="probabilities")
 
 
 def test_a_converters_maps_or_attribute_weights_say_what_to_convert_instead():
