@@ -185,17 +185,50 @@ def to_eval_mode(graph: onnx.GraphProto) -> None:
             del node.input[2:]
 
 
+def constant_value(graph: onnx.GraphProto, name: str) -> np.ndarray | None:
+    """The value of `name` where an initializer or a Constant node's `value` holds it, else None."""
+    for t in graph.initializer:
+        if t.name == name:
+            return numpy_helper.to_array(t)
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ONNX_DOMAINS and list(node.output) == [name]:
+            value = attribute(node, "value", None)
+            return None if value is None else numpy_helper.to_array(value)
+    return None
+
+
+def always_dropping(graph: onnx.GraphProto, node: onnx.NodeProto) -> bool:
+    """A Dropout whose `training_mode` input is a constant true and whose ratio is not a constant 0: both
+    exporters write a train() module's Dropout so (TorchScript's with TrainingMode.TRAINING or PRESERVE, the dynamo
+    exporter whatever its options), and ONNX says it drops wherever it runs, `infer` included. ONNX Runtime's
+    inference session drops nothing there, so the same model computes PyTorch's eval() in ONNX Runtime and not in
+    onnxtrain's infer: nothing in the numbers tells which is meant."""
+    if len(node.input) < 3 or not node.input[2]:
+        return False
+    mode = constant_value(graph, node.input[2])
+    ratio = constant_value(graph, node.input[1]) if node.input[1] else None
+    return mode is not None and bool(mode.all()) and not (ratio is not None and not ratio.any())
+
+
 def warn_of_train_mode_nodes(graph: onnx.GraphProto) -> None:
     """Without train_mode, a train-mode export (TrainingMode.TRAINING) trains and infers on batch statistics and
-    never updates the running ones: neither PyTorch's train() nor its eval(). Warned, naming the option."""
+    never updates the running ones, and its Dropouts drop in infer too: neither PyTorch's train() nor its eval().
+    Warned, naming the option."""
     initializers = {t.name for t in graph.initializer}
-    nodes = [n.name or n.output[0] for n in batch_norms(graph)
-             if attribute(n, "training_mode", 0) and not batch_statistics(graph, n, initializers)]
-    if nodes:
-        warnings.warn(f"BatchNormalization {nodes[:3]}{' ...' if len(nodes) > 3 else ''} normalize with the batch's "
-                      "statistics (training_mode=1: a torch.onnx.TrainingMode.TRAINING export), in train steps and "
-                      "in infer alike, and nothing updates their running statistics: pass train_mode=True to train "
-                      "as PyTorch's module.train() and infer as its eval()", stacklevel=3)
+    kinds = {"BatchNormalization": [n.name or n.output[0] for n in batch_norms(graph)
+                                    if attribute(n, "training_mode", 0) and not batch_statistics(graph, n, initializers)],
+             "Dropout": [n.name or n.output[0] for n in graph.node
+                         if n.op_type == "Dropout" and n.domain in ONNX_DOMAINS and always_dropping(graph, n)]}
+    what = {"BatchNormalization": "normalize with the batch's statistics (training_mode=1) and nothing updates their "
+                                  "running statistics",
+            "Dropout": "drop (training_mode a constant true), where ONNX Runtime's inference drops nothing"}
+    found = [f"{kind} {nodes[:3]}{' ...' if len(nodes) > 3 else ''} {what[kind]}" for kind, nodes in kinds.items()
+             if nodes]
+    if found:
+        warnings.warn(f"{'; '.join(found)}, in train steps and in infer alike: an export of a module in train() mode "
+                      "(torch.onnx.TrainingMode.TRAINING, or the dynamo exporter's). Pass train_mode=True to train "
+                      "as PyTorch's module.train() and infer as its eval(), or export the module in eval() mode",
+                      stacklevel=3)
 
 
 def add_training_forward(b: Builder, model: onnx.ModelProto, prediction: str, loss: str) -> tuple[str, str]:

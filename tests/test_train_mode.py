@@ -244,6 +244,38 @@ def test_train_mode_export_without_train_mode_is_warned():
         onnxtrain.make_trainable(export(without_running_statistics(), "torchscript-eval"), loss="cross_entropy")
 
 
+@pytest.mark.parametrize("flags", [dict(dynamo=False, training=torch.onnx.TrainingMode.TRAINING),
+                                   dict(dynamo=False, training=torch.onnx.TrainingMode.PRESERVE),
+                                   dict(dynamo=True, optimize=False)], ids=["TRAINING", "PRESERVE", "dynamo"])
+def test_train_mode_dropout_without_train_mode_is_warned(flags):
+    """A train() module's Dropout is exported with a constant true training_mode, so it drops in infer too (ONNX's
+    rule, which onnxtrain follows), while ONNX Runtime's inference and PyTorch's eval() drop nothing: warned, as
+    for BatchNorm. A Dropout of ratio 0 (Hugging Face configs that turn dropout off) computes the same either way."""
+    x, _ = rows(BATCH, 0)
+
+    def exported(p: float) -> tuple[torch.nn.Module, onnx.ModelProto]:
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Dropout(p), torch.nn.Linear(6, CLASSES)).train()
+        f = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(m, (torch.from_numpy(x),), f, input_names=["x"], output_names=["logits"],
+                              opset_version=18, **flags)
+        return m.eval(), onnx.load_from_string(f.getvalue())
+
+    m, model = exported(0.5)
+    with pytest.warns(UserWarning, match=r"Dropout \[.*drop .*train_mode=True"):
+        trainable = onnxtrain.make_trainable(model, loss="cross_entropy")
+    with torch.no_grad():
+        reference = m(torch.from_numpy(x)).numpy()
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(["logits"], {"x": x})[0], reference, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(np.asarray(onnxtrain.load(trainable).infer({"x": x})["logits"]), reference, atol=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        onnxtrain.make_trainable(exported(0.0)[1], loss="cross_entropy")
+
+
 def batch_norm_1d() -> torch.nn.Sequential:
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6), torch.nn.Linear(6, CLASSES))
