@@ -269,6 +269,11 @@ def add_cross_entropy(b: Builder, prediction: str, shape: list | None, ignore_in
     -mean(log_softmax) over the classes (the cross-entropy against a uniform target), summed in float32 (float64
     for a float64 model: a half-precision sum over many labels would overflow) and returned in the scores' type
     `elem`, as the loss without smoothing is."""
+    if opset < 12:  # the loss nodes share the model's opset import, and raising it would change its nodes' meaning
+        raise AuthoringError(
+            f"loss='cross_entropy' needs opset 12 or later (SoftmaxCrossEntropyLoss), and the model imports opset "
+            f"{opset}: export with opset_version >= 12, or convert the model first "
+            f"(onnx.version_converter.convert_version(model, 13))")
     if shape is None:
         if class_axis != 1:
             raise AuthoringError(f"class_axis={class_axis}: prediction {prediction!r} has no declared rank")

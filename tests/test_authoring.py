@@ -244,6 +244,26 @@ def test_loss_is_checked_against_the_declared_output():
         onnxtrain.make_trainable(linear_model(classes=1), loss="cross_entropy")
 
 
+def test_cross_entropy_before_opset_12_is_refused_naming_the_conversion():
+    """SoftmaxCrossEntropyLoss is an operator since opset 12: an opset-11 model (torch.onnx.export(...,
+    opset_version=11)) had been given one that load then refused as unsupported. Refused at make_trainable, and the
+    conversion it names trains as PyTorch's cross_entropy."""
+    old = linear_model()
+    old.opset_import[0].version = 11
+    with pytest.raises(onnxtrain.errors.AuthoringError, match="needs opset 12 or later.*imports opset 11"):
+        onnxtrain.make_trainable(old, loss="cross_entropy")
+    onnxtrain.make_trainable(old, loss="mse")  # the other losses use opset-1 operators
+    converted = onnx.version_converter.convert_version(old, 13)
+    engine = onnxtrain.load(onnxtrain.make_trainable(converted, loss="cross_entropy", optimizer="sgd",
+                                                     learning_rate=LR))
+    x, y = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32), np.array([0, 1, 2, 1, 0])
+    w = torch.full((4, 3), 0.1, requires_grad=True)
+    expected = F.cross_entropy(torch.from_numpy(x) @ w, torch.from_numpy(y))
+    expected.backward()
+    np.testing.assert_allclose(float(engine.train_step({"X": x, "target": y})["loss"]), expected.item(), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(engine.state["W"]), (w - LR * w.grad).detach().numpy(), rtol=1e-6)
+
+
 def test_cross_entropy_over_the_last_axis_with_ignored_labels_matches_pytorch():
     """[B, S, V] scores with [B, S] labels (class_axis=-1), -100 ignored by default: mean over the other labels, as
     F.cross_entropy(scores.transpose(1, 2), labels); its gradient too (one SGD step)."""
