@@ -465,8 +465,9 @@ def select_trainable(model: onnx.ModelProto, trainable: str | Iterable[str] | No
         left_out = constants(model, records)
         chosen = [n for n in floats if n not in left_out and (trainable is None or re.fullmatch(trainable, n))]
         if not chosen:
+            why = "" if floats else attribute_weights(model.graph) + weights_left_out(model.graph)
             raise AuthoringError(f"trainable: no parameter matches {trainable!r} (float initializers: {floats[:20]})"
-                                 f"{attribute_weights(model.graph) if not floats else ''}")
+                                 f"{why}")
     else:
         chosen = list(trainable)
         if not chosen:
@@ -489,6 +490,27 @@ def attribute_weights(graph: onnx.GraphProto) -> str:
             f"(to_onnx(model, X.astype(numpy.float64)))")
 
 
+# What torch.onnx.export(..., export_params=False) does with the weights, and what to do instead
+WEIGHTS_LEFT_OUT = ("torch.onnx.export(..., export_params=False) leaves the weights out of the model (TorchScript's "
+                    "exporter makes them graph inputs; the dynamo exporter's model reads them undefined): export with "
+                    "export_params=True, the default, for a model that holds the weights it trains")
+
+
+def weights_left_out(graph: onnx.GraphProto) -> str:
+    """Why a model without float initializers has nothing to train, where its export left the weights out: float
+    graph inputs besides one (the weights as inputs), or values that nodes read and nothing defines."""
+    defined = ({i.name for i in graph.input} | {t.name for t in graph.initializer}
+               | {t.values.name for t in graph.sparse_initializer} | {o for n in graph.node for o in n.output})
+    undefined = sorted({i for n in graph.node for i in n.input if i and i not in defined})
+    fed = [i.name for i in graph.input if i.type.tensor_type.elem_type in TRAINING_FLOAT_TYPES]
+    if undefined:
+        return (f"; its nodes read values nothing defines ({undefined[:5]}{'...' if len(undefined) > 5 else ''}): "
+                f"{WEIGHTS_LEFT_OUT}")
+    if len(fed) > 1:
+        return f"; its float inputs {fed[:5]}{'...' if len(fed) > 5 else ''} may be its weights: {WEIGHTS_LEFT_OUT}"
+    return ""
+
+
 def check_names(model: onnx.ModelProto, names: list[str]) -> None:
     kinds = {t.name: t.data_type for t in model.graph.initializer}
     repeated = sorted({n for n in names if names.count(n) > 1})
@@ -498,6 +520,9 @@ def check_names(model: onnx.ModelProto, names: list[str]) -> None:
     if not_float:
         raise AuthoringError(f"trainable: {not_float} are not float initializers (only floats have gradients)")
     unknown = sorted(n for n in names if n not in kinds)
+    if inputs := [n for n in unknown if n in {i.name for i in model.graph.input}]:
+        raise AuthoringError(f"trainable: {inputs[:10]} are graph inputs without an initializer, values each call "
+                             f"feeds, not weights the model holds: {WEIGHTS_LEFT_OUT}")
     if unknown:
         raise AuthoringError(
             f"trainable: {unknown[:10]}{' ...' if len(unknown) > 10 else ''} ({len(unknown)}) are not initializers "

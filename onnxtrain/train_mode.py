@@ -215,10 +215,12 @@ def warn_of_train_mode_nodes(graph: onnx.GraphProto) -> None:
     never updates the running ones, and its Dropouts drop in infer too: neither PyTorch's train() nor its eval().
     Warned, naming the option."""
     initializers = {t.name for t in graph.initializer}
-    kinds = {"BatchNormalization": [n.name or n.output[0] for n in batch_norms(graph)
-                                    if attribute(n, "training_mode", 0) and not batch_statistics(graph, n, initializers)],
-             "Dropout": [n.name or n.output[0] for n in graph.node
-                         if n.op_type == "Dropout" and n.domain in ONNX_DOMAINS and always_dropping(graph, n)]}
+    batch_statistics_only = [n for n in batch_norms(graph)
+                             if attribute(n, "training_mode", 0) and not batch_statistics(graph, n, initializers)]
+    dropping_always = [n for n in graph.node
+                       if n.op_type == "Dropout" and n.domain in ONNX_DOMAINS and always_dropping(graph, n)]
+    kinds = {"BatchNormalization": [n.name or n.output[0] for n in batch_statistics_only],
+             "Dropout": [n.name or n.output[0] for n in dropping_always]}
     what = {"BatchNormalization": "normalize with the batch's statistics (training_mode=1) and nothing updates their "
                                   "running statistics",
             "Dropout": "drop (training_mode a constant true), where ONNX Runtime's inference drops nothing"}

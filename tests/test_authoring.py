@@ -558,6 +558,24 @@ def test_a_converters_maps_or_attribute_weights_say_what_to_convert_instead():
         onnxtrain.make_trainable(model, loss="mse")
 
 
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_an_export_without_its_weights_says_to_export_them(dynamo, tmp_path):
+    """torch.onnx.export(..., export_params=False) leaves the weights out: TorchScript's exporter as graph inputs,
+    the dynamo exporter's file reading them undefined. make_trainable had said "no parameter matches None (float
+    initializers: [])", and, naming the weights, that they are no initializers of a PyTorch export without
+    dynamo=True, optimize=False; both now name export_params. The export with them trains (the zoo's tests)."""
+    path = tmp_path / "m.onnx"
+    torch.onnx.export(mlp(), (torch.zeros(2, 4),), path, dynamo=dynamo, export_params=False, input_names=["X"])
+    model = onnx.load(path)
+    assert not model.graph.initializer
+    with pytest.raises(onnxtrain.errors.AuthoringError, match="no parameter matches None .*export_params=False"):
+        onnxtrain.make_trainable(model)
+    if not dynamo:
+        assert {"0.weight", "2.bias"} <= {i.name for i in model.graph.input}
+        with pytest.raises(onnxtrain.errors.AuthoringError, match=r"\['0.weight'\] are graph inputs .*export_params"):
+            onnxtrain.make_trainable(model, trainable=["0.weight"])
+
+
 def test_a_float64_model_trains_with_a_float64_loss():
     """skl2onnx converts a LinearRegression for float64 inputs to MatMul and Add of float64 initializers (for
     float32, a LinearRegressor holding them as attributes): its loss is float64, which the training graph had
