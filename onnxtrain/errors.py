@@ -21,6 +21,11 @@ class UnsupportedOpError(OnnxTrainError):
     def __init__(self, missing: list[tuple[str, str, int]]):
         self.missing = sorted(set(missing))
         lines = [f"  {domain or 'ai.onnx'}::{op_type} (opset {opset})" for domain, op_type, opset in self.missing]
+        if any(domain == "org.pytorch.aten" for domain, _, _ in self.missing):
+            lines.append("org.pytorch.aten's are PyTorch's own operators, which torch.onnx.export(..., "
+                         "operator_export_type=ONNX_ATEN_FALLBACK) writes where it has no ONNX form for them: export "
+                         "with the default operator_export_type (torch's error names an opset that has the operator), "
+                         "or with dynamo=True")
         super().__init__("unsupported operators:\n" + "\n".join(lines))
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import warnings
+
 import jax
 import numpy as np
 import onnx
@@ -54,6 +57,26 @@ def test_unknown_ops_are_reported_all_at_once():
         onnxtrain.load(model, check=False)
     assert "my.domain::FancyOp (opset 3)" in str(info.value)
     assert "my.domain::OtherOp (opset 3)" in str(info.value)
+
+
+def test_aten_fallback_ops_are_named_with_the_export_option():
+    """operator_export_type=ONNX_ATEN_FALLBACK writes each PyTorch operator without an ONNX form as an
+    org.pytorch.aten::ATen node named by its `operator` attribute: the error names that operator and the option,
+    where it had listed "org.pytorch.aten::ATen (opset 1)" alone."""
+    torch = pytest.importorskip("torch")
+
+    class Attend(torch.nn.Module):
+        def forward(self, q):
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q)
+
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Attend(), (torch.zeros(1, 2, 3, 4),), f, dynamo=False, opset_version=13,
+                          operator_export_type=torch.onnx.OperatorExportTypes.ONNX_ATEN_FALLBACK)
+    with pytest.raises(UnsupportedOpError, match=r"org.pytorch.aten::ATen\('scaled_dot_product_attention'\) "
+                       r"\(opset 1\)\n.*ONNX_ATEN_FALLBACK.*default operator_export_type"):
+        onnxtrain.load(f.getvalue())
 
 
 class Unconvertible:

@@ -33,6 +33,12 @@ M = TypeVar("M", bound=Message)
 FunctionId = tuple[str, str, str]
 
 
+# (domain, op_type) -> the attribute naming what such a node calls, which an error names with it: PyTorch's
+# ATen fallback (operator_export_type=ONNX_ATEN_FALLBACK) writes every operator it has no ONNX form for as one
+# org.pytorch.aten::ATen node, told apart only by `operator`
+CALLEE_ATTRIBUTE = {("org.pytorch.aten", "ATen"): "operator"}
+
+
 def function_id(proto: onnx.FunctionProto | onnx.NodeProto) -> FunctionId:
     name = proto.name if isinstance(proto, onnx.FunctionProto) else proto.op_type
     return proto.domain, name, proto.overload
@@ -215,7 +221,9 @@ def build_node(
                 if name not in attributes and spec.default_value.type != onnx.AttributeProto.UNDEFINED:
                     attributes[name] = decode_attribute(spec.default_value, resolver)
         if impl is None and not schema_has_body(schema, opset):
-            resolver.missing.append((domain, proto.op_type, opset if opset is not None else -1))
+            callee = attributes.get(CALLEE_ATTRIBUTE.get((domain, proto.op_type), ""))
+            op_type = proto.op_type if callee is None else f"{proto.op_type}({callee!r})"
+            resolver.missing.append((domain, op_type, opset if opset is not None else -1))
     return Node(
         op_type=proto.op_type,
         domain=domain,
