@@ -72,7 +72,9 @@ def tensor_value(tensor: TensorProto, label: str | None = None) -> np.ndarray:
     label = tensor_label(tensor, label)
     if tensor.data_location == TensorProto.EXTERNAL:
         raise ExternalDataError(
-            f"{label} references external data, which is only read when the model is loaded from its file path"
+            f"{label} references external data, which is only read when the model is loaded from its file path: "
+            "give onnxtrain.load the path, and make_trainable a model read with its data (onnx.load(path), whose "
+            "load_external_data=True is the default)"
         )
     refuse_segment(tensor, label)
     known_type(tensor.data_type, label)

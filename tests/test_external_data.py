@@ -231,6 +231,18 @@ def test_engine_given_an_unresolved_proto_refuses_it():
         onnxtrain.Engine(model, check=False)
 
 
+def test_make_trainable_of_a_model_read_without_its_data_says_how_to_read_it(tmp_path):
+    """make_trainable takes a ModelProto, so "load it from its path" alone named a call it does not have."""
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+                              [numpy_helper.from_array(np.ones((8, 8), np.float32), "w")])
+    onnx.save(helper.make_model(graph), tmp_path / "m.onnx", save_as_external_data=True, size_threshold=0)
+    with pytest.raises(ExternalDataError, match=r"'w' references external data.*onnx.load\(path\)"):
+        onnxtrain.make_trainable(onnx.load(tmp_path / "m.onnx", load_external_data=False), loss="mse")
+    onnxtrain.make_trainable(onnx.load(tmp_path / "m.onnx"), loss="mse")  # read with its data: accepted
+
+
 @pytest.mark.parametrize("data_type", sorted(set(TensorProto.DataType.values()) - {TensorProto.UNDEFINED,
                                                                                   TensorProto.STRING}),
                          ids=TensorProto.DataType.Name)
