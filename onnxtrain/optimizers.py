@@ -45,6 +45,7 @@ ADAM_DEFAULTS = {"alpha": 0.9, "beta": 0.999, "epsilon": 1e-8}  # torch.optim.Ad
 OP_DEFAULTS = {"adagrad": {"epsilon": 1e-10}, "adam": ADAM_DEFAULTS, "adamw": ADAM_DEFAULTS}
 ADAMW_WEIGHT_DECAY = 0.01  # torch.optim.AdamW's default
 CLIP_EPSILON = 1e-6  # torch.nn.utils.clip_grad_norm_ divides max_norm by (total norm + 1e-6)
+HALF_TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16)  # torch's kernels compute these in float32 (opmath)
 
 
 @dataclass(frozen=True)
@@ -282,7 +283,10 @@ def decay_gradients(b: Builder, params: list[str], grads: dict[str, str], elems:
 
 def decay_parameters(b: Builder, params: list[str], elems: dict[str, int], weight_decay: float) -> dict[str, str]:
     """torch.optim.AdamW's decoupled weight decay, before the Adam step: param * (1 - lr * weight_decay), the
-    factor computed in float64 as torch computes it in Python."""
+    factor computed in float64 as torch computes it in Python. A float16/bfloat16 parameter is multiplied in
+    float32 and rounded once, as torch's kernel does (its opmath): the factor rounded to the parameter's type
+    decays it by another amount every step (float16's 0.99707 for 0.997: 100 steps 1.7x farther from float64
+    than torch; bfloat16 rounds 0.99 to 0.98828, 17% more decay)."""
     if not params:
         return {}
     b.node("Cast", [LEARNING_RATE], ["decay.lr"], to=TensorProto.DOUBLE)
@@ -290,7 +294,11 @@ def decay_parameters(b: Builder, params: list[str], elems: dict[str, int], weigh
     b.node("Sub", [b.scalar("one", 1, TensorProto.DOUBLE), "decay.amount"], ["decay.factor"])
     decayed_values = {}
     for p in params:
-        b.node("Mul", [p, b.cast("decay.factor", elems[p])], [f"{p}.decayed"])
+        wide = TensorProto.FLOAT if elems[p] in HALF_TYPES else elems[p]
+        product = f"{p}.decayed" if wide == elems[p] else f"{p}.decayed.{TensorProto.DataType.Name(wide).lower()}"
+        b.node("Mul", [p if wide == elems[p] else b.cast(p, wide), b.cast("decay.factor", wide)], [product])
+        if wide != elems[p]:
+            b.node("Cast", [product], [f"{p}.decayed"], to=elems[p])
         decayed_values[p] = f"{p}.decayed"
     return decayed_values
 
