@@ -44,7 +44,7 @@ from .export import (check_export_target, replaced_by_export, save_atomic, saved
                      with_initializers, with_state, without_state_bytes, without_zero_state)
 from .external_data import ExternalValues
 from .feeds import FeedChecker, array_signature
-from .lower.autocast import MixedPrecision, mixed_precision_of
+from .lower.autocast import MixedPrecision, check_master_weights, mixed_precision_of
 from .optimizers import is_integer
 from .lower.folding import load_time_constants
 from .ir import Graph, Node, ValueInfo
@@ -216,6 +216,7 @@ class Engine:
         in that file instead of in memory (model.StateFile). `external`: reads the state variables `model` keeps
         in external data (`load` keeps them there: model.read_model's `keep`)."""
         self.mixed_precision = mixed_precision_of(mixed_precision, loss_scale)  # lower/autocast.py
+        check_master_weights(self.mixed_precision, model)
         if remat not in REMAT_MODES:
             raise OptionError(f"remat={remat!r} is not one of False, True or 'attention'")
         self._placement = Placement(devices, shard_state)

@@ -299,6 +299,28 @@ def test_bad_options_raise_at_load(options, message):
     assert message in str(raised.value)
 
 
+@pytest.mark.parametrize("weights", ["bfloat16", "float16"])
+def test_mixed_precision_of_half_precision_weights_is_refused(weights):
+    """A module `.to(torch.bfloat16)` before its export has no float32 master weights and computes in its weights'
+    type already: mixed precision had loaded and changed nothing, or (float16) scaled the loss of float16 gradients,
+    which torch's GradScaler refuses ("Attempting to unscale FP16 gradients"). A float32 constant the exporter
+    lifts beside the weights (the dynamo export of a bfloat16 Llama holds two) does not make them master copies."""
+    elem = {"bfloat16": TensorProto.BFLOAT16, "float16": TensorProto.FLOAT16}[weights]
+    w = np.ones((4, 2), ml_dtypes.bfloat16 if weights == "bfloat16" else np.float16)
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["half"], ["half_cast"], to=elem), helper.make_node("MatMul", ["X", "W"], ["XW"]),
+         helper.make_node("Mul", ["XW", "half_cast"], ["Y"])], "half",
+        [helper.make_tensor_value_info("X", elem, [3, 4])], [helper.make_tensor_value_info("Y", elem, [3, 2])],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+    model = onnxtrain.make_trainable(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]),
+                                     trainable=["W"], optimizer="sgd")
+    for precision in ("bfloat16", "float16"):
+        with pytest.raises(OptionError, match=f"mixed_precision='{precision}': the model's weights are {weights}, "
+                                              "not float32 master copies"):
+            onnxtrain.load(model, mixed_precision=precision)
+    onnxtrain.load(model)  # trains in its weights' type, as PyTorch does
+
+
 def test_cli_trains_in_bfloat16(tmp_path):
     from onnxtrain.cli import main
 

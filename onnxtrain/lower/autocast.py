@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import jax.numpy as jnp
+import onnx
 
 from ..errors import OptionError
 from .values import is_static
@@ -63,6 +64,28 @@ def mixed_precision_of(name: str | None, loss_scale: float | None = None) -> Mix
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise OptionError(f"loss_scale={loss_scale!r} must be a finite number > 0")
     return MixedPrecision(COMPUTE_DTYPES[name], float(scale))
+
+
+HALF_TYPES = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
+
+
+def check_master_weights(precision: MixedPrecision | None, model: onnx.ModelProto) -> None:
+    """OptionError for mixed precision on a model whose weights are float16/bfloat16 (a module
+    `.to(torch.bfloat16)` before its export, as Hugging Face fine-tunes): it has no float32 master weights and no
+    float32 products to round, and computes in its weights' type already. The option had loaded and changed nothing
+    (bfloat16), or scaled the loss of gradients that are float16 themselves, which overflow above 65504 / scale
+    (float16: torch's GradScaler refuses them, "Attempting to unscale FP16 gradients"). The weights are the
+    trained ones where the model trains (an exporter lifts a few float32 constants beside bfloat16 weights), else
+    the float initializers. A float64 model's products are left as they are, as are half-precision products among
+    float32 weights."""
+    trained = {b.key for info in model.training_info for b in info.update_binding}
+    weights = [t for t in model.graph.initializer if t.name in trained] or model.graph.initializer
+    types = {t.data_type for t in weights}
+    half = sorted({HALF_TYPES[t] for t in types if t in HALF_TYPES})
+    if precision is not None and half and onnx.TensorProto.FLOAT not in types:
+        raise OptionError(f"mixed_precision={jnp.dtype(precision.dtype).name!r}: the model's weights are "
+                          f"{' and '.join(half)}, not float32 master copies, so it computes in their type already "
+                          f"(as PyTorch trains a module after .to(torch.{half[0]})); load it without mixed_precision")
 
 
 _ACTIVE: ContextVar[MixedPrecision | None] = ContextVar("onnxtrain_mixed_precision", default=None)
