@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import jax
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import onnxtrain
 from nodes import assert_matches_reference, node_model, lowering
@@ -316,3 +317,30 @@ def test_gradient_of_clip_is_zero_outside_the_bounds():
         clipped_sum = jax.grad(lambda x: lowering("Clip")(x, np.float64(-1), np.float64(1)).sum())
         grad = jax.jit(clipped_sum)(np.array([-2.0, 0.5, 3.0]))
     np.testing.assert_allclose(grad, [0.0, 1.0, 0.0])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_broadcast_half_precision_operands_gradient_sums_in_float32(dtype):
+    """The gradient of a bias that Gemm's C or an Add broadcasts over rows is the sum of the rows' gradients; in
+    bfloat16/float16 it is accumulated in float32 and rounded once, as torch sums a Linear's bias gradient (JAX
+    transposes a broadcast into a sum of the gradient's type, which XLA-CPU accumulated in bfloat16: over these 8
+    rows 3.4x the error). The loss is sum(Z * C), so the rows' gradients are C exactly; one SGD step of rate 1
+    from zero biases leaves -(their sum)."""
+    elem = {"bfloat16": TensorProto.BFLOAT16, "float16": TensorProto.FLOAT16}[dtype]
+    half = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[dtype]
+    rng = np.random.default_rng(0)
+    x, c = rng.normal(size=(8, 5)).astype(half), (rng.normal(size=(8, 6)) + 0.3).astype(half)
+    weights = [numpy_helper.from_array(rng.normal(size=(5, 6)).astype(half), "W"),
+               numpy_helper.from_array(np.zeros(6, half), "B"), numpy_helper.from_array(np.zeros(6, half), "B2")]
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["X", "W", "B"], ["Y"]), helper.make_node("Add", ["Y", "B2"], ["Z"]),
+         helper.make_node("Mul", ["Z", "C"], ["P"]), helper.make_node("ReduceSum", ["P"], ["total"], keepdims=0)],
+        "biases", [helper.make_tensor_value_info("X", elem, [8, 5]), helper.make_tensor_value_info("C", elem, [8, 6])],
+        [helper.make_tensor_value_info("total", elem, [])], weights)
+    model = onnxtrain.make_trainable(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                                     loss="output:total", optimizer="sgd", learning_rate=1.0, trainable=["B", "B2"])
+    engine = onnxtrain.load(model)
+    engine.train_step({"X": x, "C": c})
+    expected = (-c.astype(np.float64).sum(0)).astype(half)  # the exact sum, rounded once
+    for bias in ("B", "B2"):
+        np.testing.assert_array_equal(np.asarray(engine.state[bias]), expected, err_msg=bias)

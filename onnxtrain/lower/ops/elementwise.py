@@ -62,10 +62,32 @@ UNARY: dict[str, Callable] = {
     "BitwiseNot": jnp.bitwise_not,
 }
 
+HALF_FLOATS = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+def broadcast_in_float32(fn: Callable) -> Callable:
+    """`fn` (+, -, *, /) of two float16/bfloat16 operands of which one is broadcast computed in float32 and rounded
+    to their type: the same values (float32 holds more than twice their digits, so rounding twice rounds as once),
+    but the broadcast operand's gradient, a sum over the axes it was broadcast along, accumulates in float32, as
+    torch's does. JAX transposes the broadcast into a sum in the gradient's own type, which XLA-CPU accumulates in
+    bfloat16 for short sums: a bfloat16 Linear's bias gradient over 8 rows had 3.4x the error of a rounded exact
+    sum, and a module `.to(torch.bfloat16)` trained farther from float64 than PyTorch."""
+
+    def impl(a: Array, b: Array) -> Array:
+        dtype = jnp.result_type(a)
+        if (dtype in HALF_FLOATS and jnp.result_type(b) == dtype and jnp.shape(a) != jnp.shape(b)
+                and not is_static(a, b)):
+            return fn(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)).astype(dtype)
+        return fn(a, b)
+
+    impl.__name__ = getattr(fn, "__name__", "binary")
+    return impl
+
+
 BINARY: dict[str, Callable] = {
-    "Add": jnp.add,
-    "Sub": jnp.subtract,
-    "Mul": jnp.multiply,
+    "Add": broadcast_in_float32(jnp.add),
+    "Sub": broadcast_in_float32(jnp.subtract),
+    "Mul": broadcast_in_float32(jnp.multiply),
     "And": jnp.logical_and,
     "Or": jnp.logical_or,
     "Xor": jnp.logical_xor,
@@ -100,6 +122,7 @@ def _is_integer(x: Array) -> bool:
     return jnp.issubdtype(jnp.result_type(x), jnp.integer)
 
 
+@broadcast_in_float32
 def div(a: Array, b: Array) -> Array:
     if _is_integer(a):  # C semantics: the quotient truncates toward zero
         return jax.lax.div(*jnp.broadcast_arrays(a, b))
