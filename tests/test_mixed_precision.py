@@ -1,5 +1,6 @@
 """Mixed precision (`load(..., mixed_precision=...)`): the products compute in bfloat16/float16 with float32
-accumulation, everything else and the whole state stay float32, float16 gradients are loss-scaled."""
+accumulation and return the compute type's rounding, everything else and the whole state stay float32, float16
+gradients are loss-scaled."""
 
 from __future__ import annotations
 
@@ -49,23 +50,32 @@ def cases(rng: np.random.Generator):
                          {"W": normal(4, 8, 3, 3), "B": normal(4)}, [1, 4, 6, 6]), normal(1, 8, 6, 6))
 
 
+BFLOAT16_ULP = 2.0**-7  # bfloat16's spacing relative to a value (8 significant bits)
+
+
+def assert_bfloat16_rounding_of(y: np.ndarray, exact: np.ndarray) -> None:
+    """`y` is `exact` (a float64 result) rounded to bfloat16: every value a bfloat16 one, each within half a
+    bfloat16 step of `exact` (a float32 accumulation in another order may round a value near a tie the other way:
+    one step)."""
+    assert np.array_equal(rounded(y), y)
+    np.testing.assert_allclose(y, exact, rtol=BFLOAT16_ULP, atol=1e-6)
+
+
 @pytest.mark.parametrize("index", range(3), ids=["matmul", "gemm", "einsum"])
-def test_products_compute_on_bfloat16_operands_with_float32_accumulation(index):
-    """ONNX's reference evaluator (float32) on the operands rounded to bfloat16 is the expected result; the
-    float32 result on the unrounded operands is not."""
+def test_products_compute_on_bfloat16_operands_and_return_their_rounded_product(index):
+    """As torch.autocast's products: NumPy's product of the operands rounded to bfloat16, accumulated in float32
+    and rounded to bfloat16 (Gemm: its product so, then alpha and the float32 bias); the float32 result on the
+    unrounded operands is not it."""
     model, x = list(cases(np.random.default_rng(index)))[index]
     y = np.asarray(onnxtrain.load(model, mixed_precision="bfloat16").infer({"X": x})["Y"])
     assert y.dtype == np.float32
-    weights = {t.name: rounded(numpy_helper.to_array(t)) for t in model.graph.initializer}
-    if model.graph.node[0].op_type == "Gemm":  # the bias is added in float32, not rounded
-        bias = model.graph.node[0].input[2]
-        weights[bias] = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == bias))
-    low = onnx.ModelProto()
-    low.CopyFrom(model)
-    del low.graph.initializer[:]
-    low.graph.initializer.extend(numpy_helper.from_array(v, n) for n, v in weights.items())
-    (expected,) = ReferenceEvaluator(low).run(None, {"X": rounded(x)})
-    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+    w = rounded(numpy_helper.to_array(model.graph.initializer[0])).astype(np.float64)
+    if model.graph.node[0].op_type == "Gemm":  # transB=1, alpha=0.5: the rounded product, halved, plus C
+        product = rounded((rounded(x) @ w.T).astype(np.float32))
+        np.testing.assert_allclose(y, product * 0.5 + numpy_helper.to_array(model.graph.initializer[1]),
+                                   rtol=BFLOAT16_ULP, atol=1e-6)
+    else:
+        assert_bfloat16_rounding_of(y, rounded(x).astype(np.float64) @ w)
     (full,) = ReferenceEvaluator(model).run(None, {"X": x})
     assert np.max(np.abs(full - y)) > 1e-3  # bfloat16's rounding (2**-9 relative) shows at this size
 
@@ -100,9 +110,9 @@ def test_a_weights_gradient_is_the_bfloat16_product_of_the_rounded_input_and_gra
     np.testing.assert_allclose(np.asarray(grad_x).reshape(x2.shape), rounded(g @ kernel.T), rtol=1e-2, atol=1e-2)
 
 
-def test_attention_rounds_both_products_operands_and_keeps_its_softmax_float32():
-    """NumPy: scores of the bfloat16-rounded Q and K, a float32 softmax, its probabilities rounded to bfloat16
-    times the rounded V."""
+def test_attention_rounds_both_products_and_keeps_its_softmax_float32():
+    """NumPy: scores of the bfloat16-rounded Q and K rounded to bfloat16, a float32 softmax, its probabilities
+    rounded to bfloat16 times the rounded V, rounded to bfloat16."""
     rng = np.random.default_rng(7)
     q, k, v = (rng.normal(size=(1, 2, 5, 16)).astype(np.float32) for _ in range(3))
     graph = helper.make_graph([helper.make_node("Attention", ["Q", "K", "V"], ["Y"])], "attention",
@@ -110,10 +120,11 @@ def test_attention_rounds_both_products_operands_and_keeps_its_softmax_float32()
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 2, 5, 16])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
     y = np.asarray(onnxtrain.load(model, mixed_precision="bfloat16").infer({"Q": q, "K": k, "V": v})["Y"])
-    scores = rounded(q).astype(np.float64) @ np.swapaxes(rounded(k), -1, -2) / np.sqrt(16)
+    # the scale 1/4 (head size 16) is applied as 1/2 to each of Q and K: powers of two, exact in any type
+    scores = rounded((rounded(q).astype(np.float64) @ np.swapaxes(rounded(k), -1, -2)).astype(np.float32)) / 4
     probs = np.exp(scores - scores.max(-1, keepdims=True))
     probs = (probs / probs.sum(-1, keepdims=True)).astype(np.float32)
-    np.testing.assert_allclose(y, rounded(probs).astype(np.float64) @ rounded(v), rtol=1e-4, atol=1e-4)
+    assert_bfloat16_rounding_of(y, rounded(probs).astype(np.float64) @ rounded(v))
 
 
 def test_float64_products_and_one_operand_einsums_are_left_alone():

@@ -15,7 +15,7 @@ import numpy as np
 from jax import lax
 
 from ...dtypes import np_dtype
-from ..autocast import low_precision
+from ..autocast import low_precision, product_result
 from ..registry import op, versions
 
 PREVIEW_DOMAIN = "ai.onnx.preview"
@@ -52,7 +52,8 @@ def grouped_scores(q, k):
     kv_heads, kv_len = k.shape[1], k.shape[2]
     grouped = jnp.reshape(q, (batch, kv_heads, head_groups(q_heads, kv_heads), q_len, size))
     (grouped, k), accumulate = low_precision(grouped, k)
-    scores = jnp.einsum("bhgqd,bhkd->bhgqk", grouped, k, preferred_element_type=accumulate)
+    scores = product_result(jnp.einsum("bhgqd,bhkd->bhgqk", grouped, k, preferred_element_type=accumulate), k,
+                            accumulate)
     return jnp.reshape(scores, (batch, q_heads, q_len, kv_len))
 
 
@@ -62,7 +63,8 @@ def grouped_values(probs, v):
     kv_heads = v.shape[1]
     grouped = jnp.reshape(probs, (batch, kv_heads, head_groups(q_heads, kv_heads), q_len, kv_len))
     (grouped, v), accumulate = low_precision(grouped, v)
-    values = jnp.einsum("bhgqk,bhkd->bhgqd", grouped, v, preferred_element_type=accumulate)
+    values = product_result(jnp.einsum("bhgqk,bhkd->bhgqd", grouped, v, preferred_element_type=accumulate), v,
+                            accumulate)
     return jnp.reshape(values, (batch, q_heads, q_len, v.shape[-1]))
 
 

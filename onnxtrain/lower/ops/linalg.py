@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..autocast import low_precision
+from ..autocast import low_precision, product_result
 from ..registry import register
 from ..target import target_platform
 from ..values import Array
@@ -26,8 +26,8 @@ def matmul(a: Array, b: Array) -> Array:
             flat = weight_product(flat, b, accumulate)
         else:
             flat = jnp.matmul(flat, b, preferred_element_type=accumulate)
-        return jnp.reshape(flat, (*a.shape[:-1], b.shape[-1]))
-    return jnp.matmul(a, b, preferred_element_type=accumulate)
+        return product_result(jnp.reshape(flat, (*a.shape[:-1], b.shape[-1])), a, accumulate)
+    return product_result(jnp.matmul(a, b, preferred_element_type=accumulate), a, accumulate)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -97,8 +97,9 @@ def matmul_integer(a: Array, b: Array, a_zero_point: Array | None = None, b_zero
 def einsum(*inputs: Array, equation: str) -> Array:
     # one operand is a transposition or a reduction, not a product: float32 as the other reductions
     inputs, accumulate = low_precision(*inputs) if len(inputs) > 1 else (inputs, None)
-    return jnp.einsum(explicit_equation(equation, [jnp.ndim(x) for x in inputs]), *inputs,
-                      preferred_element_type=accumulate)
+    product = jnp.einsum(explicit_equation(equation, [jnp.ndim(x) for x in inputs]), *inputs,
+                         preferred_element_type=accumulate)
+    return product_result(product, inputs[0], accumulate)
 
 
 def explicit_equation(equation: str, ranks: list[int]) -> str:
