@@ -15,9 +15,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import operator
 import os
 import signal
 import threading
+import weakref
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
@@ -200,6 +202,12 @@ class Engine:
 
     `infer(feeds)` runs ModelProto.graph with the current state and changes nothing; `init(seed)` and
     `train_step(feeds, algorithm)` run the TrainingInfoProto graphs and assign state through their bindings.
+
+    Nothing an engine holds refers back to it (its programs' bodies take the step model, their store is reached
+    through a weak reference, `_rebuild` is called with the engine), so an engine no longer referenced is freed
+    at once, its state and programs with it. In a reference cycle it waited for Python's full collection: a
+    notebook cell re-running `engine = onnxtrain.load(...)` kept each replaced engine's state and executables
+    (the zoo's BERT: 9 engines and 550 MB resident before one came).
     """
 
     def __init__(
@@ -246,8 +254,10 @@ class Engine:
         self._notes: list[dict[str, Any]] = [{} for _ in self.algorithms]
         self._ran: set[tuple] = set()  # (algorithm, feed signature) that completed a step once
         # How to rebuild the state exactly as it is without a copy of it, while no step has changed it since
-        # load, reset or init: then the first step of a new shape needs no safety copy (see train_step).
-        self._rebuild: Callable[[], None] | None = functools.partial(self._put_stored_state, self.step_count)
+        # load, reset or init: then the first step of a new shape needs no safety copy (see train_step). A call
+        # taking the engine, not a bound method: the engine holds it, and must not be in a reference cycle (see
+        # Engine).
+        self._rebuild: Callable[[Engine], None] | None = operator.methodcaller("_put_stored_state", self.step_count)
         self.lock = threading.RLock()
 
         self.state_owner = state_owners(model, self.graph, self.algorithms)
@@ -314,29 +324,41 @@ class Engine:
     # ----- the pure functions (steps.py) as programs: compiled once per signature -----
 
     def _infer_program(self) -> Program:
+        model = self._model  # not `self`: the program would hold the engine in a cycle (see Engine)
+
         def body(state, consts, key, feeds, static_feeds):
-            return {}, steps.infer(self._model, state, consts, key, {**static_feeds, **feeds})
+            return {}, steps.infer(model, state, consts, key, {**static_feeds, **feeds})
 
         return Program(body, self.graph.nodes, self._placement.platform, matmul_precision=self.matmul_precision,
-                       constants=self._main_hoisted, store=lambda: self._executable_store, name="infer")
+                       constants=self._main_hoisted, store=self._store_reader(), name="infer")
 
     def _train_program(self, k: int) -> Program:
+        model, notes = self._model, self._notes[k]
+
         def body(carry, consts, k_consts, key, feeds, static_feeds):
-            result = steps.train_step(self._model, k, *carry, consts, k_consts, key, {**static_feeds, **feeds})
-            self._notes[k]["draws"] = result.draws
+            result = steps.train_step(model, k, *carry, consts, k_consts, key, {**static_feeds, **feeds})
+            notes["draws"] = result.draws
             return (result.state, result.step), result.outputs
 
         return Program(body, self.graph.nodes + self.algorithms[k].graph.nodes, self._placement.platform,
                        donate=(0,), matmul_precision=self.matmul_precision,
                        constants={**self._main_hoisted, **self._algorithm_hoisted[k]},
-                       store=lambda: self._executable_store, name=f"train {k}", notes=self._notes[k])
+                       store=self._store_reader(), name=f"train {k}", notes=notes)
 
     def _init_program(self) -> Program:
+        model = self._model
+
         def body(state, key, feeds, static_feeds):
-            return steps.init(self._model, state, key), {}
+            return steps.init(model, state, key), {}
 
         return Program(body, (), self._placement.platform, matmul_precision=self.matmul_precision,
-                       store=lambda: self._executable_store, name="init")
+                       store=self._store_reader(), name="init")
+
+    def _store_reader(self) -> Callable[[], ExecutableStore | None]:
+        """`_executable_store` as the engine's programs ask for it (on first use), through a weak reference: a
+        program runs only within a call of its engine's, which is then alive."""
+        engine = weakref.ref(self)
+        return lambda: engine()._executable_store
 
     @functools.cached_property
     def _executable_store(self) -> ExecutableStore | None:
@@ -479,7 +501,7 @@ class Engine:
         platform and the failure)."""
         lost = any(v.is_deleted() for v in self._state.values())
         if lost and self._rebuild is not None:
-            self._rebuild()
+            self._rebuild(self)
             lost = False
         return "the state was donated to it and is lost" if lost else "the state is as before it"
 
@@ -511,7 +533,7 @@ class Engine:
                 self.step_count, self._step = 0, None
             else:
                 self._put_stored_state(0)
-            self._rebuild = self.reset
+            self._rebuild = operator.methodcaller("reset")
 
     def _put_stored_state(self, step_count: int) -> None:
         model = self.model if self._state_file is None else self._state_file.read()
@@ -532,7 +554,7 @@ class Engine:
             if any(algorithm.initialization is not None for algorithm in self.algorithms):
                 self._state, _ = self._init(self._state, key, feeds={})
                 self._holds_stored = False
-            self._rebuild = functools.partial(self.init, seed)
+            self._rebuild = operator.methodcaller("init", seed)
 
     def jax_function(self) -> tuple[Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]], dict]:
         """`fn, params`: ModelProto.graph as a pure function `fn(params, feeds) -> {output: array}`, jittable

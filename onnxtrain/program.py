@@ -11,6 +11,7 @@ import functools
 import gc
 import os
 import warnings
+import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -288,14 +289,17 @@ class Program:
         return self.cache[key], key
 
     def _jitted(self, static: Mapping[str, Any], key: tuple, name: str = "traced") -> Callable:
-        """The body specialised to `static` as a jax.jit function; `name` names its XLA module."""
+        """The body specialised to `static` as a jax.jit function; `name` names its XLA module. The function
+        reaches the program through a weak reference: the program keeps it (`cache`), and a reference cycle would
+        keep the program's executables and constants after its engine went, until Python's full collection."""
+        program = weakref.proxy(self)
 
         def traced(constants, *arrays):
-            with tracing(self.matmul_precision, self.platform), hoisting(constants):
-                state, outputs = self.body(*arrays, static)
-            self.count_trace()  # counted once complete: a trace that stops to specialise a feed is not one
+            with tracing(program.matmul_precision, program.platform), hoisting(constants):
+                state, outputs = program.body(*arrays, static)
+            program.count_trace()  # counted once complete: a trace that stops to specialise a feed is not one
             host = {n: v for n, v in outputs.items() if host_only(v)}
-            self.host_outputs[key] = host
+            program.host_outputs[key] = host
             return state, {n: v for n, v in outputs.items() if n not in host}
 
         traced.__name__ = traced.__qualname__ = name
