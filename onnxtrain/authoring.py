@@ -366,7 +366,8 @@ def make_trainable(
     defaults 0.9, 0.999, 1e-8). `weight_decay`: torch's (L2 added to the gradient; decoupled for "adamw", whose
     default is 0.01). `no_decay`: parameters left undecayed, a regular expression searched in their names
     (Hugging Face's example scripts' r"bias|LayerNorm\\.weight", which names BERT's norms, not GPT-2's ln_1) or
-    True for every parameter of rank <= 1 (biases and norm weights, whatever their names: the Trainer's rule).
+    True for every parameter of rank <= 1 (biases and norm weights, whatever their names: the Trainer's set on
+    most models; docs/semantics.md says where they part).
     `clip_grad_norm`: torch.nn.utils.clip_grad_norm_'s max_norm. `accumulate=k`: one update per k train steps;
     the rate fed with the k-th is the one used. `accumulate_by`: how the k micro-batches' gradients combine.
     "items" (the default): weighted by what each one's mean loss divides by (the labels that are not
