@@ -153,7 +153,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         if args.output and engine.step_count > done:  # the steps taken are kept, as at a checkpoint (finite)
             check_finite(engine, engine.step_count - done - 1, {}, state=True)
             engine.export(args.output)
-            print(f"interrupted after train step {engine.step_count}: wrote {args.output} (--resume goes on)")
+            # a count, not a step number: the logs number steps from 0, so the last one taken is step_count - 1
+            print(f"interrupted after {engine.step_count} train steps: wrote {args.output} (--resume goes on)")
         raise
     if history.losses:
         for step, loss in zip(history.steps, history.losses):
@@ -204,19 +205,24 @@ def parser() -> argparse.ArgumentParser:
     info.set_defaults(run=cmd_info)
     infer = sub.add_parser("infer", help="run the inference graph")
     infer.add_argument("model")
-    infer.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    infer.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                       help="feed graph input NAME from a .npy file (once per input)")
     infer.add_argument("--output-dir", help="also save each output as NAME.npy there")
     infer.add_argument("--devices", type=int, help=DEVICES_HELP)
     infer.add_argument("--mixed-precision", choices=sorted(COMPUTE_DTYPES), help=MIXED_PRECISION_HELP)
     infer.set_defaults(run=cmd_infer)
     train = sub.add_parser("train", help="train a model that carries TrainingInfoProto")
     train.add_argument("model")
-    train.add_argument("--data", required=True, help=".npz whose arrays are named after the graph inputs")
-    train.add_argument("--steps", type=int, default=100)
-    train.add_argument("--batch-size", type=int, default=None)
-    train.add_argument("--algorithm", type=int, default=0)
+    train.add_argument("--data", required=True, help=".npz whose arrays are named after the inputs a step feeds: "
+                       "the graph's and the algorithm's (make-trainable's target; `onnxtrain info` lists them)")
+    train.add_argument("--steps", type=int, default=100, help="train steps in all (default 100; with --resume, "
+                       "those the resumed model took count)")
+    train.add_argument("--batch-size", type=int, default=None, help="rows of --data a step takes, shuffled "
+                       "each epoch, whose last partial batch is left out (default: all of them)")
+    train.add_argument("--algorithm", type=int, default=0, help="the TrainingInfoProto to run (default 0)")
     train.add_argument("--loss", help="the output to report as the loss (default: first scalar output)")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=int, default=0, help="seeds the initialization, random ops (Dropout) and "
+                       "the batches' shuffling (default 0)")
     train.add_argument("--no-init", action="store_true", help="start from the model's initializers")
     train.add_argument("-o", "--output", help="write the trained model here, and every --checkpoint-every steps")
     train.add_argument("--checkpoint-every", type=int, default=1000, metavar="N",
@@ -243,7 +249,7 @@ def parser() -> argparse.ArgumentParser:
     author.add_argument("model")
     author.add_argument("--loss", default="mse", help="mse, cross_entropy, bce_logits or output:NAME")
     author.add_argument("--optimizer", default="adam", help="sgd, momentum, nesterov, adagrad, adam or adamw")
-    author.add_argument("--lr", type=float, default=1e-3)
+    author.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 0.001)")
     author.add_argument("--trainable", help="regular expression over the parameters' names (default: every "
                         "parameter, i.e. float initializers but the exporter's constants)")
     author.add_argument("--prediction", help="the output the loss compares with the target (default: the first)")
@@ -252,9 +258,13 @@ def parser() -> argparse.ArgumentParser:
     author.add_argument("--ignore-index", type=int,
                         help="cross_entropy: the label to ignore (default: -100, as PyTorch)")
     author.add_argument("--label-smoothing", type=float, default=0.0, help="cross_entropy: torch's label_smoothing")
-    author.add_argument("--alpha", type=float)
-    author.add_argument("--beta", type=float)
-    author.add_argument("--epsilon", type=float)
+    # ONNX's names for the optimizer ops' attributes (ai.onnx.preview.training), which make_trainable takes
+    author.add_argument("--alpha", type=float, help="adam, adamw: torch's betas[0] (default 0.9); momentum, "
+                        "nesterov: torch's momentum (default 0.9)")
+    author.add_argument("--beta", type=float, help="adam, adamw: torch's betas[1] (default 0.999); momentum, "
+                        "nesterov: 1 - torch's dampening (default 1)")
+    author.add_argument("--epsilon", type=float, help="adam, adamw, adagrad: torch's eps (default 1e-8; adagrad "
+                        "1e-10)")
     author.add_argument("--weight-decay", type=float, help="torch.optim's weight_decay (adamw: decoupled, "
                         "default 0.01; others: L2, default 0)")
     author.add_argument("--no-decay", nargs="?", const=True, default=False, metavar="PATTERN",
@@ -269,13 +279,14 @@ def parser() -> argparse.ArgumentParser:
     author.add_argument("--reinitialize", action="store_true", help="initialization graph re-draws weights")
     author.add_argument("--train-mode", action="store_true", help="train as PyTorch's module.train(): "
                         "BatchNorm on batch statistics, running statistics updated, Dropout dropping")
-    author.add_argument("-o", "--output", required=True)
+    author.add_argument("-o", "--output", required=True, help="the training model to write")
     author.set_defaults(run=cmd_make_trainable)
     export = sub.add_parser("export", help="write the model with a state checkpoint applied")
     export.add_argument("model")
     export.add_argument("--state", help="a checkpoint: Engine.save_state's .npz, or an exported model (train -o)")
-    export.add_argument("--external-data", action="store_true")
-    export.add_argument("-o", "--output", required=True)
+    export.add_argument("--external-data", action="store_true", help="write the weights to a .data file beside "
+                        "the model (default: only past protobuf's 2 GiB)")
+    export.add_argument("-o", "--output", required=True, help="the model to write")
     export.set_defaults(run=cmd_export)
     return p
 
@@ -310,6 +321,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C: what was kept is said above, no traceback; 128 + SIGINT, as shells have it
         print("onnxtrain: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout's reader stopped reading (`onnxtrain info MODEL | head`): not a user error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush of stdout stays quiet
+        return 141  # 128 + SIGPIPE, as a tool that the signal ended (Python ignores it, to raise this instead)
     except (OnnxTrainError, OSError) as exc:  # OSError: a path the user gave (a folder to write in, a file)
         return fail(exc, 2)
     return 0

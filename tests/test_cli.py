@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import onnx
 import pytest
 
 import onnxtrain
+import onnxtrain.cli
 from onnxtrain import host_memory
 
 EXAMPLE = Path(onnxtrain.__file__).parent / "examples"
@@ -49,6 +51,24 @@ def test_infer(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "Y.npy"), expected)
     np.save(tmp_path / "bad.npy", x.astype(np.float64))
     assert_user_error(cli("infer", MODEL, "--input", f"X={tmp_path / 'bad.npy'}"), "expected dtype float")
+
+
+# `onnxtrain infer MODEL ... | head -1`: the reader went away; that is no user error to report (it was "onnxtrain:
+# error: [Errno 32] Broken pipe", exit status 2, as for an unreadable path), so the command ends quietly, 128 + SIGPIPE
+def test_a_closed_stdout_ends_the_command_quietly():
+    run = subprocess.Popen([sys.executable, "-m", "onnxtrain.cli", "info", MODEL], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    run.stdout.close()  # before the command writes anything: its first print finds no reader
+    errors = run.stderr.read()
+    assert run.wait(timeout=300) == 141 and errors == "", errors
+
+
+# Every option says what it does (and its default where it has one) in --help
+def test_every_option_has_a_help_text():
+    subcommands = next(a for a in onnxtrain.cli.parser()._actions if isinstance(a, argparse._SubParsersAction))
+    bare = [(name, action.option_strings) for name, command in subcommands.choices.items()
+            for action in command._actions if action.option_strings and not action.help]
+    assert not bare, bare
 
 
 def test_train_on_two_devices_with_split_state_matches_one_device(tmp_path):
@@ -210,7 +230,7 @@ def test_train_stopped_then_run_again_with_resume_ends_as_the_uninterrupted_run(
         output, errors = run.communicate(timeout=300)
         if stop == signal.SIGINT:
             assert run.returncode == 130 and errors.endswith("onnxtrain: interrupted\n"), errors
-            assert f"interrupted after train step {onnxtrain.load(out).step_count}: wrote {out}" in output
+            assert f"interrupted after {onnxtrain.load(out).step_count} train steps: wrote {out}" in output
         else:
             assert run.returncode == -signal.SIGKILL, errors
             assert f"resuming from {out} at step {kept} of {steps}" in output
