@@ -7,6 +7,7 @@ import argparse
 import faulthandler
 import os
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -296,8 +297,10 @@ def console() -> int:
     (host_memory.with_huge_pages: a step's temporaries fault in 2 MB at a time), since glibc reads that setting
     at process start only; GLIBC_TUNABLES naming glibc.malloc.hugetlb (=0 to refuse) is left as it is, and so is
     a run with --retain-freed-memory (no temporaries are faulted in anew to spare: one malloc policy at a time).
-    A crash in native code (XLA, the C library) prints the Python stack it happened under (faulthandler)."""
+    A crash in native code (XLA, the C library) prints the Python stack it happened under (faulthandler); a
+    warning is one line, as an error is."""
     faulthandler.enable()
+    warnings.showwarning = show_warning  # the process's: main(), called in a caller's process, leaves theirs
     args = parser().parse_args()
     if args.run is cmd_train and not args.retain_freed_memory:
         environment = with_huge_pages(os.environ)
@@ -311,6 +314,12 @@ def console() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     return run(parser().parse_args(argv))
+
+
+def show_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> None:
+    """A warning as one line for the command's user, as its errors are: Python's format added the file and line
+    in onnxtrain that warned, and that line's source (`trainable = make_trainable(model, ...`)."""
+    print(f"onnxtrain: warning: {category.__name__}: {message}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ import pytest
 import onnxtrain
 import onnxtrain.cli
 from onnxtrain import host_memory
+from test_parameters import conv
 
 EXAMPLE = Path(onnxtrain.__file__).parent / "examples"
 MODEL, DATA = EXAMPLE / "regression.onnx", EXAMPLE / "regression.npz"
@@ -61,6 +62,17 @@ def test_a_closed_stdout_ends_the_command_quietly():
     run.stdout.close()  # before the command writes anything: its first print finds no reader
     errors = run.stderr.read()
     assert run.wait(timeout=300) == 141 and errors == "", errors
+
+
+# A warning is one line for the command's user, as an error is: Python's format had shown the file and line in
+# onnxtrain that warned, and that line's source (`trainable = make_trainable(model, loss=args.loss, ...`)
+def test_a_warning_is_one_line(tmp_path):
+    onnx.save(conv("stem.0.weight", "stem.0.bias", "FuseBatchNormIntoConv"), tmp_path / "folded.onnx")
+    result = cli("make-trainable", tmp_path / "folded.onnx", "-o", tmp_path / "out.onnx")
+    assert result.returncode == 0 and (tmp_path / "out.onnx").exists(), result.stderr
+    assert result.stderr.startswith("onnxtrain: warning: ParameterizationWarning: stem.0.weight (1 in all): "
+                                    "BatchNorm folded into Conv"), result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
 
 
 # Every option says what it does (and its default where it has one) in --help
