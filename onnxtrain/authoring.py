@@ -398,6 +398,7 @@ def make_trainable(
     declare_intermediate(result, prediction)
     check_logits(graph, loss, prediction)  # the model's own nodes: train_mode's copy renames them
     b = Builder()
+    own_loss_in_train_mode = train_mode and loss == "output:loss"  # before the train-mode copy renames it
     if train_mode:
         prediction, loss = add_training_forward(b, result, prediction, loss)
     else:
@@ -426,7 +427,7 @@ def make_trainable(
                items)
     if reinitialize:
         reinitialize_weights(b, params, weights)
-    check_names_free(graph, b, inputs)
+    check_names_free(graph, b, inputs, OWN_LOSS_IN_TRAIN_MODE if own_loss_in_train_mode else "")
     outputs = [helper.make_value_info(value, value_type) for _, value, value_type in b.updates]
     algorithm = helper.make_graph(
         b.nodes, "train_step", inputs,
@@ -442,17 +443,26 @@ def make_trainable(
     return result
 
 
-def check_names_free(graph: onnx.GraphProto, b: Builder, inputs: list[onnx.ValueInfoProto]) -> None:
+# from_torch(hf_model, ..., kwargs={"labels": ...}, loss="output:loss", train_mode=True): without train_mode the
+# model's `loss` is the algorithm's loss itself; with it, the loss of the train-mode copy is, under the same name
+OWN_LOSS_IN_TRAIN_MODE = (". With train_mode, the training graph computes its own `loss` from the train-mode copy "
+                          "of the forward pass, beside the model's eval-mode output `loss`: name that output "
+                          "otherwise, e.g. from_torch(..., output_names=['model_loss', 'logits'], "
+                          "loss='output:model_loss')")
+
+
+def check_names_free(graph: onnx.GraphProto, b: Builder, inputs: list[onnx.ValueInfoProto], hint: str = "") -> None:
     """The algorithm graph reads the inference graph's values by name, so a name it defines (`target`,
     `learning_rate`, `loss`, `<param>.next`, ...) that the model already holds would shadow the model's value: a
-    model output named `target` was read as the target (a shape error at the first step). Refused here."""
+    model output named `target` was read as the target (a shape error at the first step). Refused here; `hint`
+    says how in the case at hand."""
     ours = {i.name for i in inputs} | {t.name for t in b.initializers} | {o for n in b.nodes for o in n.output}
     theirs = ({i.name for i in graph.input} | {t.name for t in graph.initializer}
               | {o for n in graph.node for o in n.output})
     if clash := sorted(ours & theirs - {""}):
         raise AuthoringError(f"the model already has values named {clash}, names the training graph gives its "
                              f"own (the target, the loss, the rate, updated weights): rename them in the model "
-                             f"(torch.onnx.export's or from_torch's output_names=)")
+                             f"(torch.onnx.export's or from_torch's output_names=){hint}")
 
 
 def reinitialize_weights(b: Builder, params: list[str], weights: dict[str, np.ndarray]) -> None:

@@ -405,6 +405,25 @@ def test_an_output_named_loss_is_the_loss_and_other_names_of_the_training_graph_
         onnxtrain.make_trainable(model_with_outputs("Z", "target"), loss="mse")
 
 
+def test_an_output_named_loss_in_train_mode_is_refused_saying_how_to_rename_it():
+    """from_torch(hf_model, ..., kwargs={"labels": ...}, loss="output:loss", train_mode=True), as the README pairs
+    them: the training graph's `loss` is then the train-mode copy's, beside the model's eval-mode output `loss`.
+    The refusal said only "rename them in the model"; it says why here and how, and the renamed model trains."""
+    def with_dropout(loss_name: str) -> onnx.ModelProto:
+        model = model_with_outputs("loss", "Z")
+        model.graph.node[0].output[0] = "Z.in"  # Z = Dropout(X W): a train-mode export's
+        model.graph.node.insert(1, onnx.helper.make_node("Dropout", ["Z.in"], ["Z"]))
+        model.graph.node[3].output[0] = model.graph.output[0].name = loss_name
+        return model
+
+    with pytest.raises(onnxtrain.errors.AuthoringError, match=r"\['loss'\].*With train_mode, .*own `loss` .*"
+                       r"output_names=\['model_loss', 'logits'\], loss='output:model_loss'\)"):
+        onnxtrain.make_trainable(with_dropout("loss"), loss="output:loss", train_mode=True)
+    renamed = onnxtrain.make_trainable(with_dropout("model_loss"), loss="output:model_loss", train_mode=True)
+    x = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
+    assert np.isfinite(float(onnxtrain.load(renamed).train_step({"X": x})["loss"]))
+
+
 def skl2onnx_mlp_classifier(zipmap: bool = False) -> onnx.ModelProto:
     """An MLPClassifier(hidden_layer_sizes=(5,)) of 3 classes as skl2onnx 1.20 converts it: its outputs are the
     label (int64) and the probabilities, Softmax of the scores `add_result1` (through an Identity), which no
