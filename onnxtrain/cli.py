@@ -149,7 +149,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     try:
         history = fit(engine, array_batches(arrays, args.batch_size, seed=args.seed, start=done), remaining,
                       algorithm=args.algorithm, loss=args.loss, log_every=max(1, args.steps // 20),
-                      checkpoint=args.output, checkpoint_every=args.checkpoint_every)
+                      checkpoint=args.output, checkpoint_every=args.checkpoint_every, on_log=print_loss)
     except KeyboardInterrupt:
         if args.output and engine.step_count > done:  # the steps taken are kept, as at a checkpoint (finite)
             check_finite(engine, engine.step_count - done - 1, {}, state=True)
@@ -158,13 +158,20 @@ def cmd_train(args: argparse.Namespace) -> None:
             print(f"interrupted after {engine.step_count} train steps: wrote {args.output} (--resume goes on)")
         raise
     if history.losses:
-        for step, loss in zip(history.steps, history.losses):
-            print(f"step {step:>6}  loss {loss:.6f}")  # fit numbers them as the engine counts
         print(f"loss {history.losses[0]:.6f} -> {history.losses[-1]:.6f} over {remaining} steps")
     if args.output:
         if not remaining:  # fit wrote it at each checkpoint and at the end: here, nothing ran
             engine.export(args.output)
         print(f"wrote {args.output}")
+
+
+def print_loss(step: int, loss: float) -> None:
+    """A logged step's line as fit logs it (numbered as the engine counts), printed at once, through the progress
+    bar (which it would otherwise break) and flushed, so a log file or pipe has it then, not when the run ends."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(f"step {step:>6}  loss {loss:.6f}")
+    sys.stdout.flush()
 
 
 def cmd_make_trainable(args: argparse.Namespace) -> None:

@@ -154,6 +154,8 @@ def fit(
     eval_every: int = 100,
     checkpoint: str | Path | None = None,
     checkpoint_every: int = 1000,
+    history: History | None = None,
+    on_log: Callable[[int, float], Any] | None = None,
 ) -> History:
     """Run `steps` more train steps over `batches`. The loss is read back (a host sync) every `log_every` steps.
 
@@ -169,6 +171,10 @@ def fit(
     `eval_every` steps (use `engine.infer` inside it); `checkpoint` is exported every `checkpoint_every` steps
     and at the end.
 
+    `history`: a History to append to instead of a new one, so that what a run logged stays with the caller when
+    it stops early (a Ctrl-C in a notebook, a DivergenceError); `on_log(step, loss)` is called at each logged
+    step as it happens (`onnxtrain train` prints its lines so, where a log file had seen none until the end).
+
     A NaN or infinite loss (read where it is logged, and at each checkpoint) raises DivergenceError naming
     the step; a checkpoint is written only when the loss and every float state variable are finite, so a
     diverged run never overwrites the last good one."""
@@ -182,7 +188,7 @@ def fit(
         check_export_target(checkpoint)
     loss = loss or loss_output(engine, algorithm)
     schedule = learning_rate if callable(learning_rate) or learning_rate is None else (lambda _: learning_rate)
-    history = History()
+    history = History() if history is None else history
     try:
         iterator = iter(batches)
     except TypeError as exc:
@@ -210,6 +216,8 @@ def fit(
                 history.steps.append(step)
                 history.losses.append(value)
                 bar.set_postfix({loss: f"{value:.5f}"})
+                if on_log is not None:
+                    on_log(step, value)
             if evaluate is not None and ((step + 1) % eval_every == 0 or last):
                 history.eval_steps.append(step)
                 history.metrics.append(dict(evaluate(engine)))

@@ -240,6 +240,8 @@ def test_train_stopped_then_run_again_with_resume_ends_as_the_uninterrupted_run(
             time.sleep(0.005)  # until the run's first checkpoint replaces -o (an atomic rename: a new inode)
         run.send_signal(stop)
         output, errors = run.communicate(timeout=300)
+        # the run's first step is logged as it happens, flushed: a killed run's pipe has it too
+        assert f"step {kept:>6}  loss " in output, output
         if stop == signal.SIGINT:
             assert run.returncode == 130 and errors.endswith("onnxtrain: interrupted\n"), errors
             assert f"interrupted after {onnxtrain.load(out).step_count} train steps: wrote {out}" in output

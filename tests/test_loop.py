@@ -94,3 +94,31 @@ def test_a_resumed_fit_logs_evaluates_and_checkpoints_at_the_uninterrupted_runs_
     assert resumed.steps == [5, 6, 9]  # a call's first step is logged too
     assert resumed.eval_steps == [7, 9] and resumed.metrics == [{"steps": 8}, {"steps": 10}]
     np.testing.assert_array_equal(resumed.losses[1:], whole.losses[2:])
+
+
+def test_a_history_passed_in_keeps_what_an_interrupted_fit_logged():
+    """fit(history=h) appends to h as it goes, so a run stopped by Ctrl-C (here raised by `evaluate` after step 4)
+    leaves its losses with the caller; on_log saw each logged step as it happened. The losses are NumPy's SGD."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(8, 2)).astype(np.float32)
+    t = (x @ np.array([[2.0], [1.0]])).astype(np.float32)
+    engine = onnxtrain.load(matmul_sgd(0.1))
+    history, seen = onnxtrain.History(), []
+
+    def stop_after_step_4(e):
+        if e.step_count == 5:
+            raise KeyboardInterrupt
+        return {}
+
+    try:
+        onnxtrain.fit(engine, onnxtrain.array_batches({"X": x, "target": t}, shuffle=False), steps=10, log_every=2,
+                      progress=False, evaluate=stop_after_step_4, eval_every=1, history=history,
+                      on_log=lambda step, loss: seen.append((step, loss)))
+    except KeyboardInterrupt:
+        pass
+    w, expected = np.zeros((2, 1)), []
+    for _ in range(5):
+        expected.append(float(np.mean((x @ w - t) ** 2)))
+        w = w - 0.1 * 2 * x.T @ (x @ w - t) / len(x)
+    assert history.steps == [0, 2, 4] and seen == list(zip(history.steps, history.losses))
+    np.testing.assert_allclose(history.losses, expected[::2], rtol=1e-5)
