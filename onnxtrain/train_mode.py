@@ -233,6 +233,10 @@ def warn_of_train_mode_nodes(graph: onnx.GraphProto) -> None:
                       stacklevel=3)
 
 
+# The nodes an exporter folds a BatchNorm into, whose model without one may have lost its BatchNorms so
+BATCH_NORM_HOSTS = frozenset({"Conv", "ConvTranspose"})
+
+
 def add_training_forward(b: Builder, model: onnx.ModelProto, prediction: str, loss: str) -> tuple[str, str]:
     """Append the train-mode forward pass to the algorithm being built and put `model`'s inference graph in eval
     mode; returns `prediction` and `loss` (an `output:NAME` loss included) as the forward pass names them."""
@@ -249,8 +253,9 @@ def add_training_forward(b: Builder, model: onnx.ModelProto, prediction: str, lo
                 "train_mode: the model has no BatchNormalization or Dropout node. An eval-mode export holds no Dropout "
                 "(both exporters leave it out): export the module in train() mode to keep it (TorchScript's with "
                 f"training=torch.onnx.TrainingMode.TRAINING). For BatchNorm, {KEEP_BATCH_NORM}")
-        warnings.warn(f"train_mode: the model has no BatchNormalization node (only Dropout); {KEEP_BATCH_NORM}",
-                      stacklevel=3)
+        if kinds & BATCH_NORM_HOSTS:  # a CNN whose BatchNorms the export may have folded; a transformer has none
+            warnings.warn(f"train_mode: the model has convolutions but no BatchNormalization node (only Dropout); "
+                          f"{KEEP_BATCH_NORM}", stacklevel=3)
     own_running_statistics(graph)
     loss_output = loss.partition(":")[2] if loss.startswith("output:") else None
     nodes = ancestors(graph, [prediction] + ([loss_output] if loss_output else []))

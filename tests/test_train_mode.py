@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 import torch
 
@@ -373,3 +374,21 @@ def test_momentum_none_trains_the_cumulative_average_through_from_torch():
     for name in ("1.running_mean", "1.running_var", "1.num_batches_tracked"):
         np.testing.assert_allclose(np.asarray(engine.state[name]), m.state_dict()[name].numpy(), rtol=1e-4,
                                    atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("layer, warned", [("MatMul", False), ("Conv", True)])
+def test_a_model_with_dropout_and_no_batch_norm_is_warned_only_where_a_convolution_could_have_folded_one(
+        layer, warned):
+    """A transformer has no BatchNorm to lose; a CNN without one may be an export that folded them."""
+    weight = np.full((4, 4, 1, 1) if layer == "Conv" else (4, 4), 0.1, np.float32)
+    shape = [2, 4, 3, 3] if layer == "Conv" else [2, 4]
+    graph = helper.make_graph(
+        [helper.make_node(layer, ["x", "w"], ["h"]), helper.make_node("Dropout", ["h", "ratio"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.array(0.1, np.float32), "ratio")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        onnxtrain.make_trainable(model, loss="mse", train_mode=True)
+    assert any("no BatchNormalization node" in str(w.message) for w in caught) == warned
