@@ -667,8 +667,13 @@ def load(
 
 def jax_function(source: ModelSource, seed: int = 0):
     """`fn, params = jax_function(model)`: see Engine.jax_function. Train `params` with any optax optimizer,
-    then write them back with `export_params(model, params, path)`."""
+    then write them back with `export_params(model, params, path)`. `params` holds every float initializer, the
+    constants exporters store beside the weights included (BatchNorm's running statistics, exponents, mask fill
+    values): train only the parameters, `names = set(parameter_names(model))`, with `optax.multi_transform(
+    {"train": optimizer, "keep": optax.set_to_zero()}, {n: "train" if n in names else "keep" for n in params})`
+    (optax.masked passes the others' gradients through as updates), or their gradients move those constants too."""
     return load(source, seed=seed).jax_function()
+
 
 
 def export_params(source: ModelSource, params: Mapping[str, Any], path: str | Path) -> None:

@@ -22,6 +22,7 @@ import onnx
 
 from .dtypes import TRAINING_FLOAT_TYPES
 from .errors import AuthoringError
+from .model import ModelSource, read_model
 from .tensor_data import DecodedOnRead, tensor_value
 
 
@@ -452,6 +453,14 @@ def check_pattern(option: str, pattern: str) -> None:
         re.compile(pattern)
     except re.error as exc:
         raise AuthoringError(f"{option} {pattern!r} is not a regular expression ({exc})") from exc
+
+
+def parameter_names(source: ModelSource, trainable: str | None = None) -> list[str]:
+    """The initializers `make_trainable(model)` trains by default: its float initializers less the constants an
+    exporter stores beside them (`constants`), warning where the export changed the
+    parameterisation; `trainable`, a regular expression, keeps those whose names match it, as make_trainable's."""
+    model, _ = read_model(source)
+    return select_trainable(model, trainable)
 
 
 def select_trainable(model: onnx.ModelProto, trainable: str | Iterable[str] | None) -> list[str]:

@@ -472,3 +472,23 @@ def test_to_torch_converts_to_the_module_s_dtype_and_refuses_another_shape():
     with pytest.raises(onnxtrain.errors.StateError, match=r"'weight' holds shape \[3, 2\]"):
         onnxtrain.to_torch({"weight": weight.T, "bias": np.zeros(2, np.float32)}, module)
     assert module.bias.dtype == torch.bfloat16 and not module.bias.float().eq(0).all()  # nothing copied
+
+
+def test_parameter_names_are_the_module_s_parameters_not_its_buffers():
+    """What jax_function's params hold beyond the parameters (a BatchNorm's running statistics) stays out of
+    parameter_names, so the optax recipe of jax_function's docstring trains the module's parameters only."""
+    optax = pytest.importorskip("optax")
+    module = perturbed(torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.BatchNorm2d(3), torch.nn.Flatten(),
+                                           torch.nn.Linear(12, 2)))
+    x = np.random.default_rng(3).normal(size=(4, 2, 4, 4)).astype(np.float32)
+    model = export(module, torch.from_numpy(x), "dynamo-exact")
+    names = onnxtrain.parameter_names(model)
+    assert sorted(names) == sorted(n for n, _ in module.named_parameters())
+    fn, params = onnxtrain.jax_function(model)
+    assert {"1.running_mean", "1.running_var"} <= set(params)
+    optimizer = optax.multi_transform({"train": optax.sgd(0.1), "keep": optax.set_to_zero()},
+                                      {n: "train" if n in names else "keep" for n in params})
+    grads = {n: np.ones_like(v) for n, v in params.items()}
+    updates, _ = optimizer.update(grads, optimizer.init(params), params)
+    moved = optax.apply_updates(params, updates)
+    assert {n for n in params if not np.array_equal(np.asarray(moved[n]), np.asarray(params[n]))} == set(names)
