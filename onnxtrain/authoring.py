@@ -22,6 +22,7 @@ from .dtypes import TRAINING_FLOAT_TYPES
 from .parameters import (  # noqa: F401 (running_statistics: API)
     recurrent_halves, running_statistics, select_trainable, source_ranks,
 )
+from .reinitialize import reinitialize_weights
 from .train_mode import add_training_forward, warn_of_train_mode_nodes
 
 LOSSES = ("mse", "cross_entropy", "bce_logits")
@@ -381,6 +382,11 @@ def make_trainable(
     gives them none (onnxtrain/embedding_padding.py); by default the rows the dynamo exporter records, which a
     TorchScript export does not (pass them); {} for none. The zero recurrent half that tf2onnx adds to a Keras
     LSTM's one bias gets no gradient either, so that bias trains as Keras's (parameters.recurrent_halves).
+    `reinitialize=True`: the initialization graph (engine.init(seed)) re-draws each parameter as PyTorch's default
+    initialization of the layer that reads it (onnxtrain/reinitialize.py): Linear and Conv/ConvTranspose weights
+    and biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in as the node contracts, Embedding N(0, 1) (its
+    padding row 0), norm scales 1 and biases 0, LSTM/GRU/RNN U(-1/sqrt(hidden_size), 1/sqrt(hidden_size)); a
+    parameter no rule covers keeps its value, with a warning naming it.
 
     Mixed precision is not a make_trainable option: it is how a runtime computes the graph, not part of it, so
     the model stays plain float32 ONNX; choose it when running: `load(model, mixed_precision="bfloat16")`."""
@@ -423,10 +429,10 @@ def make_trainable(
     shapes = {p: weights[p].shape for p in params}
     # gradients the source model has none of: an embedding's padding row, a Keras LSTM bias's added recurrent half
     zeroed = {table: np.array([[row]]) for table, row in padding_rows(result, params, padding_idx, shapes).items()}
-    add_update(b, params, weights, update, zeroed | recurrent_halves(result, params), source_ranks(graph, shapes),
-               items)
+    halves = recurrent_halves(result, params)
+    add_update(b, params, weights, update, zeroed | halves, source_ranks(graph, shapes), items)
     if reinitialize:
-        reinitialize_weights(b, params, weights)
+        reinitialize_weights(b, graph, params, weights, zeroed | halves)
     check_names_free(graph, b, inputs, OWN_LOSS_IN_TRAIN_MODE if own_loss_in_train_mode else "")
     outputs = [helper.make_value_info(value, value_type) for _, value, value_type in b.updates]
     algorithm = helper.make_graph(
@@ -463,20 +469,3 @@ def check_names_free(graph: onnx.GraphProto, b: Builder, inputs: list[onnx.Value
         raise AuthoringError(f"the model already has values named {clash}, names the training graph gives its "
                              f"own (the target, the loss, the rate, updated weights): rename them in the model "
                              f"(torch.onnx.export's or from_torch's output_names=){hint}")
-
-
-def reinitialize_weights(b: Builder, params: list[str], weights: dict[str, np.ndarray]) -> None:
-    """Weights of rank >= 2 drawn from N(0, 2 / fan_in) (He), others zero, in the initialization graph."""
-    for p in params:
-        w = weights[p]
-        name = f"{p}.init"
-        elem = helper.np_dtype_to_tensor_dtype(w.dtype)
-        if w.ndim >= 2:
-            fan_in = int(np.prod(w.shape[1:])) if w.ndim > 2 else w.shape[0]
-            b.init_nodes.append(helper.make_node("RandomNormal", [], [name], shape=list(w.shape), dtype=elem,
-                                                 scale=float(np.sqrt(2.0 / fan_in))))
-        else:
-            b.init_nodes.append(helper.make_node("Constant", [], [name], value=numpy_helper.from_array(
-                np.zeros_like(w), p)))
-        b.init_outputs.append(helper.make_tensor_value_info(name, elem, w.shape))
-        b.init_bindings.append((p, name))

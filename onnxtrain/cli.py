@@ -284,7 +284,8 @@ def parser() -> argparse.ArgumentParser:
                         help="weigh each micro-batch by its loss's counted labels or elements (items: one step "
                         "on their union, as Hugging Face's Trainer) or alike (micro_batch: torch's "
                         "(loss / K).backward())")
-    author.add_argument("--reinitialize", action="store_true", help="initialization graph re-draws weights")
+    author.add_argument("--reinitialize", action="store_true", help="the initialization graph re-draws each "
+                        "parameter as PyTorch's default initialization of the layer that reads it")
     author.add_argument("--train-mode", action="store_true", help="train as PyTorch's module.train(): "
                         "BatchNorm on batch statistics, running statistics updated, Dropout dropping")
     author.add_argument("-o", "--output", required=True, help="the training model to write")

@@ -492,3 +492,150 @@ def test_parameter_names_are_the_module_s_parameters_not_its_buffers():
     updates, _ = optimizer.update(grads, optimizer.init(params), params)
     moved = optax.apply_updates(params, updates)
     assert {n for n in params if not np.array_equal(np.asarray(moved[n]), np.asarray(params[n]))} == set(names)
+class Sequence(torch.nn.Module):
+    """Embedding (with a padding row), LSTM, LayerNorm and Linear over token ids."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(64, 16, padding_idx=0)
+        self.lstm = torch.nn.LSTM(16, 12, batch_first=True)
+        self.norm = torch.nn.LayerNorm(12)
+        self.head = torch.nn.Linear(12, 40)
+
+    def forward(self, ids):
+        return self.head(self.norm(self.lstm(self.emb(ids))[0]))
+
+
+class Image(torch.nn.Module):
+    """Conv2d, PReLU (no rule: its slope keeps its value), BatchNorm2d (after the PReLU, so no exporter folds it
+    into the Conv) and Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.act = torch.nn.PReLU()
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.head = torch.nn.Linear(8 * 6 * 6, 10)
+
+    def forward(self, x):
+        return self.head(self.bn(self.act(self.conv(x))).flatten(1))
+
+
+def pytorch_draw(layer: "torch.nn.Module", name: str) -> tuple[str, float]:
+    """(kind, bound or std) of torch's own reset_parameters for the parameter `name` of `layer`."""
+    if isinstance(layer, torch.nn.Linear):
+        return "uniform", 1 / np.sqrt(layer.in_features)
+    if isinstance(layer, torch.nn.Conv2d):
+        return "uniform", 1 / np.sqrt(layer.in_channels // layer.groups * np.prod(layer.kernel_size))
+    if isinstance(layer, torch.nn.LSTM):
+        return "uniform", 1 / np.sqrt(layer.hidden_size)
+    if isinstance(layer, torch.nn.Embedding):
+        return "normal", 1.0
+    assert isinstance(layer, (torch.nn.LayerNorm, torch.nn.BatchNorm2d)), layer
+    return ("ones" if name == "weight" else "zeros"), 0.0
+
+
+def source_parameter(module: "torch.nn.Module", value: np.ndarray) -> tuple["torch.nn.Module", str]:
+    """The layer and parameter an exported initializer was made from, found by its values (perturbed: all
+    distinct), whatever the exporter named it, transposed or reordered it (TorchScript's LSTM gates, its
+    pre-transposed MatMul weight, its one B from bias_ih and bias_hh)."""
+    for layer in module.modules():
+        for name, p in layer.named_parameters(recurse=False):
+            if np.isin(value.ravel(), p.detach().numpy().ravel()).any():
+                return layer, name
+    raise AssertionError(f"no parameter holds the values of an initializer {value.shape}")
+
+
+@pytest.mark.parametrize("exporter", ["dynamo-exact", "torchscript"])
+@pytest.mark.parametrize("name", ["sequence", "image"])
+def test_reinitialize_draws_what_pytorch_layers_draw(name, exporter):
+    """reinitialize=True re-draws each parameter as torch's reset_parameters of the layer that reads it: the
+    bounds are computed from the torch layers, the values drawn by the initialization graph (engine.init)."""
+    torch.manual_seed(0)
+    module = perturbed(Sequence() if name == "sequence" else Image())
+    rng = np.random.default_rng(0)
+    x = (rng.integers(0, 64, size=(4, 6)) if name == "sequence" else rng.normal(size=(4, 3, 6, 6))).astype(
+        np.int64 if name == "sequence" else np.float32)
+    model = export(module, torch.from_numpy(x), exporter)
+    padding = {"padding_idx": {"emb.weight": 0}} if name == "sequence" and exporter == "torchscript" else {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainable = onnxtrain.make_trainable(model, optimizer="sgd", learning_rate=0.1, reinitialize=True, **padding)
+    kept = [str(w.message) for w in caught if "not re-drawn" in str(w.message)]
+    stored = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    slope = next(t for t, v in stored.items() if v.size == 1 and source_parameter(module, v)[0] is module.act) \
+        if name == "image" else None
+    assert kept == ([f"reinitialize=True: 1 parameters are not re-drawn and keep their values, as no PyTorch "
+                     f"layer's initialization is known for how the graph reads them (onnxtrain/reinitialize.py): "
+                     f"{slope}"] if slope else [])
+    engine = onnxtrain.load(trainable)
+    engine.init(seed=1)
+    drawn = {p: np.asarray(engine.state[p]) for p in stored if p in engine.state}
+    engine.init(seed=2)
+    assert set(drawn) == {p for p in stored if "running_" not in p}  # every parameter, under either exporter
+    for p, value in drawn.items():
+        again = np.asarray(engine.state[p])
+        if p == slope:
+            np.testing.assert_array_equal(value, stored[p])
+            continue
+        kind, scale = pytorch_draw(*source_parameter(module, stored[p]))
+        if kind in ("ones", "zeros"):
+            np.testing.assert_array_equal(value, np.full(stored[p].shape, kind == "ones", np.float32), err_msg=p)
+            continue
+        assert not np.allclose(value, again), p  # another seed, other values
+        if p == "emb.weight":  # nn.Embedding(padding_idx=0) starts its padding row at zero
+            assert not value[0].any() and value[1:].all()
+            value = value[1:]
+        if kind == "uniform":
+            assert np.abs(value).max() <= scale, p
+            if value.size >= 64:  # the draw fills [-bound, bound] (a bias of 8 or 10 values may not)
+                assert np.abs(value).max() > 0.8 * scale, p
+                np.testing.assert_allclose(value.std(), scale / np.sqrt(3), rtol=0.15, err_msg=p)
+        else:
+            np.testing.assert_allclose(value.std(), scale, rtol=0.1, err_msg=p)
+            assert abs(value.mean()) < 0.1 * scale, p
+    rng_target = np.random.default_rng(1)
+    y = np.asarray(engine.infer({"X": x})["Y"])
+    target = rng_target.normal(size=y.shape).astype(np.float32)
+    losses = [float(engine.train_step({"X": x, "target": target})["loss"]) for _ in range(5)]
+    assert losses[-1] < losses[0], losses  # training from the re-drawn weights goes down
+
+
+class Norms(torch.nn.Module):
+    """LayerNorm, GroupNorm and (dynamo only: TorchScript cannot export it) RMSNorm, as the exporters decompose
+    them: TorchScript's LayerNorm below opset 17 as Div by a Sqrt then Mul and Add, both exporters' GroupNorm as
+    InstanceNormalization then Mul and Add ([C, 1] operands; the dynamo exporter's through Unsqueeze and
+    CastLike), the dynamo exporter's RMSNorm as a Mul by Reciprocal(Sqrt) then by the scale."""
+
+    def __init__(self, rms: bool):
+        super().__init__()
+        self.lin, self.norm, self.group = torch.nn.Linear(6, 8), torch.nn.LayerNorm(8), torch.nn.GroupNorm(2, 8)
+        self.rms = torch.nn.RMSNorm(8) if rms else None
+
+    def forward(self, x):
+        y = self.group(self.norm(self.lin(x)).transpose(1, 2)).transpose(1, 2)
+        return y if self.rms is None else self.rms(y)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo-exact", "torchscript"])
+def test_reinitialize_sets_decomposed_norms_to_ones_and_zeros(exporter):
+    module = perturbed(Norms(rms=exporter != "torchscript"))
+    x = torch.randn(2, 3, 6)
+    if exporter == "torchscript":
+        buffer = io.BytesIO()
+        torch.onnx.export(module, (x,), buffer, dynamo=False, input_names=["X"], output_names=["Y"], opset_version=13)
+        model = onnx.load_from_string(buffer.getvalue())
+    else:
+        model = export(module, x, exporter)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no parameter left as it was
+        engine = onnxtrain.load(onnxtrain.make_trainable(model, reinitialize=True))
+    engine.init(seed=0)
+    stored = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer if t.name in engine.state}
+    for name, value in stored.items():
+        layer, kind = source_parameter(module, value)
+        drawn = np.asarray(engine.state[name])
+        if isinstance(layer, torch.nn.Linear):
+            assert np.abs(drawn).max() <= 1 / np.sqrt(layer.in_features) and np.unique(drawn).size == drawn.size
+        else:
+            np.testing.assert_array_equal(drawn, np.full(value.shape, kind == "weight", np.float32), err_msg=name)
