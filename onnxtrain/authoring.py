@@ -386,7 +386,8 @@ def make_trainable(
     initialization of the layer that reads it (onnxtrain/reinitialize.py): Linear and Conv/ConvTranspose weights
     and biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in as the node contracts, Embedding N(0, 1) (its
     padding row 0), norm scales 1 and biases 0, LSTM/GRU/RNN U(-1/sqrt(hidden_size), 1/sqrt(hidden_size)); a
-    parameter no rule covers keeps its value, with a warning naming it.
+    parameter no rule covers keeps its value, with a warning naming it; with train_mode=True, BatchNorm's running
+    statistics restart at mean 0, variance 1.
 
     Mixed precision is not a make_trainable option: it is how a runtime computes the graph, not part of it, so
     the model stays plain float32 ONNX; choose it when running: `load(model, mixed_precision="bfloat16")`."""

@@ -19,7 +19,8 @@ maps (op_type, input index) of that reader to the draw:
 
 A parameter no rule covers (another reader, a fan-in that the views hide) is not re-drawn: it keeps its value,
 and a warning names it. The parts of a parameter that get no gradient (optimizers.zero_parts: an embedding's
-padding row, the recurrent half tf2onnx adds to a Keras LSTM's bias) start at zero."""
+padding row, the recurrent half tf2onnx adds to a Keras LSTM's bias) start at zero. The running statistics that
+train_mode=True updates restart as torch's BatchNorm resets them: mean 0, variance 1, batch count 0."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from .parameters import metadata
+from .train_mode import NUM_BATCHES_TRACKED
 
 if TYPE_CHECKING:
     from .authoring import Builder
@@ -222,6 +226,22 @@ RULES: dict[tuple[str, int], Callable[[Reading], Draw | None]] = {
 }
 
 
+# What train_mode=True updates, restarted as torch's BatchNorm.reset_parameters restarts it (reset_running_stats):
+# the running mean and variance, and the count of batches that momentum=None averages over (from_torch's record)
+RUNNING_STATISTICS = {3: ZEROS, 4: ONES}
+
+
+def running_state(graph: onnx.GraphProto) -> dict[str, Draw]:
+    """{running mean, variance or batch count: its start} of the graph's BatchNormalization nodes."""
+    found = {}
+    for node in graph.node:
+        if node.op_type == "BatchNormalization" and not node.domain:
+            found |= {node.input[i]: draw for i, draw in RUNNING_STATISTICS.items() if i < len(node.input)}
+            if counter := metadata(node, NUM_BATCHES_TRACKED):
+                found[counter] = ZEROS
+    return found
+
+
 def int_constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
     """The int64 vectors a Reshape's shape or Unsqueeze's axes can be: initializers in the model, Constant nodes."""
     found = {t.name: numpy_helper.to_array(t) for t in graph.initializer
@@ -261,42 +281,48 @@ def draws(graph: onnx.GraphProto, params: list[str], shapes: Mapping[str, Shape]
 def reinitialize_weights(b: Builder, graph: onnx.GraphProto, params: list[str], weights: Mapping[str, np.ndarray],
                          zeroed: Mapping[str, np.ndarray]) -> None:
     """Bind each trained parameter to its draw (module docstring) in the initialization graph, the parts in
-    `zeroed` (indices as optimizers.zero_parts takes them) set to zero; warn of those left as they are."""
-    shapes = {p: weights[p].shape for p in params}
-    kept = []
-    for p, draw in draws(graph, params, shapes).items():
-        if draw is None:
-            kept.append(p)
-            continue
-        w = weights[p]
-        elem = helper.np_dtype_to_tensor_dtype(w.dtype)
-        name = drawn = f"{p}.init"
-        if p in zeroed:
-            drawn = f"{p}.drawn"
-        if draw.kind == "uniform":
-            b.init_nodes.append(helper.make_node("RandomUniform", [], [drawn], shape=list(w.shape), dtype=elem,
-                                                 low=-draw.scale, high=draw.scale))
-        elif draw.kind == "normal":
-            b.init_nodes.append(helper.make_node("RandomNormal", [], [drawn], shape=list(w.shape), dtype=elem,
-                                                 scale=draw.scale))
-        else:  # ones or zeros, by ConstantOfShape: no full-size constant in the model
-            b.init_nodes += [
-                helper.make_node("Constant", [], [f"{p}.init.shape"],
-                                 value=numpy_helper.from_array(np.asarray(w.shape, np.int64))),
-                helper.make_node("ConstantOfShape", [f"{p}.init.shape"], [drawn], value=numpy_helper.from_array(
-                    np.full(1, draw.kind == "ones", w.dtype))),
-            ]
-        if p in zeroed:
-            at = np.asarray(zeroed[p], np.int64)
-            b.init_nodes += [
-                helper.make_node("Constant", [], [f"{p}.init.zeroed"], value=numpy_helper.from_array(at)),
-                helper.make_node("Constant", [], [f"{p}.init.zeros"], value=numpy_helper.from_array(
-                    np.zeros((len(at), *w.shape[at.shape[1]:]), w.dtype))),
-                helper.make_node("ScatterND", [drawn, f"{p}.init.zeroed", f"{p}.init.zeros"], [name]),
-            ]
-        b.init_outputs.append(helper.make_tensor_value_info(name, elem, w.shape))
-        b.init_bindings.append((p, name))
+    `zeroed` (indices as optimizers.zero_parts takes them) set to zero, and the running statistics the train step
+    updates (train_mode=True) to their start; warn of the parameters left as they are."""
+    found = draws(graph, params, {p: weights[p].shape for p in params})
+    kept = [p for p, draw in found.items() if draw is None]
+    # the batch count is an algorithm initializer (train_mode moved it out of the inference graph)
+    values = {**weights, **{t.name: numpy_helper.to_array(t) for t in b.initializers if not t.dims}}
+    updated = {variable for variable, _, _ in b.updates}
+    restarted = {name: draw for name, draw in running_state(graph).items() if name in updated and name in values}
+    for p, draw in (found | restarted).items():
+        if draw is not None:
+            bind_draw(b, p, draw, values[p], zeroed.get(p))
     if kept:
         warnings.warn(f"reinitialize=True: {len(kept)} parameters are not re-drawn and keep their values, as no "
                       f"PyTorch layer's initialization is known for how the graph reads them (onnxtrain/"
                       f"reinitialize.py): {', '.join(kept)}", UserWarning, stacklevel=3)
+
+
+def bind_draw(b: Builder, p: str, draw: Draw, w: np.ndarray, zeroed: np.ndarray | None) -> None:
+    """`p <- draw` in the initialization graph, shaped and typed as `w`, the parts at `zeroed` zero."""
+    elem = helper.np_dtype_to_tensor_dtype(w.dtype)
+    name = f"{p}.init"
+    drawn = name if zeroed is None else f"{p}.drawn"
+    if draw.kind == "uniform":
+        b.init_nodes.append(helper.make_node("RandomUniform", [], [drawn], shape=list(w.shape), dtype=elem,
+                                             low=-draw.scale, high=draw.scale))
+    elif draw.kind == "normal":
+        b.init_nodes.append(helper.make_node("RandomNormal", [], [drawn], shape=list(w.shape), dtype=elem,
+                                             scale=draw.scale))
+    else:  # ones or zeros, by ConstantOfShape: no full-size constant in the model
+        b.init_nodes += [
+            helper.make_node("Constant", [], [f"{p}.init.shape"],
+                             value=numpy_helper.from_array(np.asarray(w.shape, np.int64))),
+            helper.make_node("ConstantOfShape", [f"{p}.init.shape"], [drawn], value=numpy_helper.from_array(
+                np.full(1, draw.kind == "ones", w.dtype))),
+        ]
+    if zeroed is not None:
+        at = np.asarray(zeroed, np.int64)
+        b.init_nodes += [
+            helper.make_node("Constant", [], [f"{p}.init.zeroed"], value=numpy_helper.from_array(at)),
+            helper.make_node("Constant", [], [f"{p}.init.zeros"], value=numpy_helper.from_array(
+                np.zeros((len(at), *w.shape[at.shape[1]:]), w.dtype))),
+            helper.make_node("ScatterND", [drawn, f"{p}.init.zeroed", f"{p}.init.zeros"], [name]),
+        ]
+    b.init_outputs.append(helper.make_tensor_value_info(name, elem, w.shape))
+    b.init_bindings.append((p, name))

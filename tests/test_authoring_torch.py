@@ -639,3 +639,28 @@ def test_reinitialize_sets_decomposed_norms_to_ones_and_zeros(exporter):
             assert np.abs(drawn).max() <= 1 / np.sqrt(layer.in_features) and np.unique(drawn).size == drawn.size
         else:
             np.testing.assert_array_equal(drawn, np.full(value.shape, kind == "weight", np.float32), err_msg=name)
+
+
+def test_reinitialize_restarts_running_statistics_as_torch_resets_them():
+    """With train_mode=True the running statistics are state the step updates: engine.init restarts them as
+    BatchNorm.reset_parameters does (mean 0, variance 1, and the batch count momentum=None averages over 0), so
+    the first step's running statistics are that batch's, as a re-initialized PyTorch module's after one step."""
+    import copy
+
+    module = perturbed(torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.BatchNorm1d(6, momentum=None)))
+    with torch.no_grad():
+        module[1].running_mean.fill_(0.5), module[1].running_var.fill_(2.0), module[1].num_batches_tracked.fill_(7)
+    x = np.random.default_rng(0).normal(size=(8, 5)).astype(np.float32)
+    engine = onnxtrain.load(onnxtrain.from_torch(copy.deepcopy(module), (torch.from_numpy(x),), optimizer="sgd",
+                                                 learning_rate=0.0, train_mode=True, reinitialize=True))
+    engine.init(seed=0)
+    np.testing.assert_array_equal(np.asarray(engine.state["1.running_mean"]), np.zeros(6, np.float32))
+    np.testing.assert_array_equal(np.asarray(engine.state["1.running_var"]), np.ones(6, np.float32))
+    reference = copy.deepcopy(module)
+    onnxtrain.to_torch(engine, reference)  # the re-drawn weights (learning rate 0: the step keeps them)
+    reference[1].num_batches_tracked.zero_()
+    engine.train_step({"input": x, "target": np.zeros((8, 6), np.float32)})
+    reference.train()(torch.from_numpy(x))
+    for name in ("running_mean", "running_var"):
+        np.testing.assert_allclose(np.asarray(engine.state[f"1.{name}"]), getattr(reference[1], name).numpy(),
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
