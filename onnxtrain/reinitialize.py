@@ -6,11 +6,11 @@ exporters put between a parameter and its layer (VIEWS: the dynamo exporter's Tr
 its Slice and Concat that reorder an LSTM's gates, TorchScript's Identity for a deduplicated initializer). RULES
 maps (op_type, input index) of that reader to the draw:
 
-- Linear (MatMul's B, Gemm's B) and Conv / ConvTranspose weights: kaiming_uniform_(a=sqrt(5)), which is
-  U(-1/sqrt(fan_in), 1/sqrt(fan_in)); fan_in the contracted dimension as the node reads it (Gemm's transB, the
-  Transpose's perm), a convolution's weight.size(1) * prod(kernel) (torch's _calculate_fan_in_and_fan_out, for
-  ConvTranspose too); their bias (Gemm's C, a convolution's B, the Add of a rank-1 parameter right after a
-  MatMul) the same bound, from the weight the same node reads.
+- Linear (MatMul's B, Gemm's B; MatMul's A, W @ x) and Conv / ConvTranspose weights: kaiming_uniform_(a=sqrt(5)),
+  which is U(-1/sqrt(fan_in), 1/sqrt(fan_in)); fan_in the contracted dimension as the node reads it (Gemm's
+  transB, the Transpose's perm), a convolution's weight.size(1) * prod(kernel) (torch's
+  _calculate_fan_in_and_fan_out, for ConvTranspose too); their bias (Gemm's C, a convolution's B, the Add of one
+  value per output right after such a MatMul) the same bound, from the weight the same node reads.
 - Embedding (Gather's data on axis 0): N(0, 1); an embedding's padding row zero, as nn.Embedding(padding_idx).
 - A normalization's scale ones, its bias zeros: LayerNormalization, BatchNormalization, GroupNormalization,
   InstanceNormalization, RMSNormalization, and the Mul by the scale and Add of the bias after a decomposed
@@ -66,9 +66,9 @@ def attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
     return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
 
-def permuted(node: onnx.NodeProto, shape: Shape, constants: Mapping[str, np.ndarray]) -> Shape:
+def permuted(node: onnx.NodeProto, shape: Shape, constants: Mapping[str, np.ndarray]) -> Shape | None:
     perm = attribute(node, "perm", list(reversed(range(len(shape)))))
-    return tuple(shape[axis] for axis in perm)
+    return tuple(shape[axis] for axis in perm) if sorted(perm) == list(range(len(shape))) else None
 
 
 def reshaped(node: onnx.NodeProto, shape: Shape, constants: Mapping[str, np.ndarray]) -> Shape | None:
@@ -76,16 +76,36 @@ def reshaped(node: onnx.NodeProto, shape: Shape, constants: Mapping[str, np.ndar
     target = constants.get(node.input[1])
     if target is None:
         return None
-    dims = [shape[i] if d == 0 and i < len(shape) else int(d) for i, d in enumerate(target.tolist())]
+    dims = [shape[i] if d == 0 and i < len(shape) else int(d) for i, d in enumerate(np.ravel(target).tolist())]
+    if dims.count(-1) > 1:
+        return None
     if -1 in dims:
         known = math.prod(d for d in dims if d != -1)
         dims[dims.index(-1)] = math.prod(shape) // known if known else 0
     return tuple(dims)
 
 
+def axes_of(node: onnx.NodeProto, constants: Mapping[str, np.ndarray]) -> Any:
+    """An Unsqueeze's or Squeeze's axes: an attribute before opset 13, an input since (None where not constant)."""
+    return constants.get(node.input[1]) if len(node.input) > 1 else attribute(node, "axes", None)
+
+
+def squeezed(node: onnx.NodeProto, shape: Shape, constants: Mapping[str, np.ndarray]) -> Shape | None:
+    """Squeeze's output shape: without axes, every unit axis removed (the Squeeze/Unsqueeze Hugging Face's Mamba
+    reads its depthwise Conv1d's weight through)."""
+    if len(node.input) > 1 and node.input[1] and node.input[1] not in constants:
+        return None
+    axes = axes_of(node, constants)
+    if not shape:
+        return None
+    removed = {int(a) % len(shape) for a in np.ravel(axes)} if axes is not None else \
+        {i for i, d in enumerate(shape) if d == 1}
+    return tuple(d for i, d in enumerate(shape) if i not in removed)
+
+
 def unsqueezed(node: onnx.NodeProto, shape: Shape, constants: Mapping[str, np.ndarray]) -> Shape | None:
-    """Unsqueeze's output shape where its axes are known (an attribute before opset 13, a constant input since)."""
-    axes = constants.get(node.input[1]) if len(node.input) > 1 else attribute(node, "axes", None)
+    """Unsqueeze's output shape where its axes are known."""
+    axes = axes_of(node, constants)
     if axes is None:
         return None
     rank = len(shape) + len(axes)
@@ -103,7 +123,7 @@ VIEWS: dict[str, Callable[[onnx.NodeProto, Shape, Mapping[str, np.ndarray]], Sha
     "Transpose": permuted,
     "Reshape": reshaped,
     "Unsqueeze": unsqueezed,
-    "Squeeze": lambda node, shape, constants: None,
+    "Squeeze": squeezed,
     "Slice": lambda node, shape, constants: None,
     "Split": lambda node, shape, constants: None,
     "Concat": lambda node, shape, constants: None,
@@ -134,8 +154,13 @@ def read_shape(r: Reading, index: int) -> Shape | None:
     return origins[0].shape if len(origins) == 1 else None
 
 
-def matmul_fan_in(shape: Shape | None) -> int | None:
-    return shape[-2] if shape is not None and len(shape) >= 2 else None
+# MatMul input index -> (the contracted axis, the output axis) of a weight read there: Linear's x @ W.T, whose W.T
+# the exporters write as B, or W @ x (Hugging Face's Mamba: dt_proj.weight @ x.transpose(1, 2)), W as A
+MATMUL_AXES = {0: (-1, -2), 1: (-2, -1)}
+
+
+def matmul_axis(shape: Shape | None, index: int, which: int) -> int | None:
+    return shape[MATMUL_AXES[index][which]] if shape is not None and len(shape) >= 2 else None
 
 
 def gemm_fan_in(r: Reading) -> int | None:
@@ -155,13 +180,17 @@ def recurrent(r: Reading) -> Draw | None:
 
 
 def matmul_bias(r: Reading) -> Draw | None:
-    """An operand of an Add right after a MatMul with a parameter as B, one value per output: that Linear's bias
-    (not a position table added to a Linear's output without bias)."""
+    """An operand of an Add right after a MatMul with a parameter as an operand, one value per output: that
+    Linear's bias (not a position table added to a Linear's output without bias)."""
     other = r.producers.get(r.node.input[1 - r.index])
-    weight = read_shape(r._replace(node=other), 1) if other is not None and other.op_type == "MatMul" else None
-    if weight is None or len(weight) < 2 or r.shape is not None and math.prod(r.shape) != weight[-1]:
+    if other is None or other.op_type != "MatMul":
         return None
-    return uniform(weight[-2])
+    index = next((i for i in (1, 0) if read_shape(r._replace(node=other), i) is not None), None)
+    weight = None if index is None else read_shape(r._replace(node=other), index)
+    outputs = matmul_axis(weight, index, 1) if index is not None else None
+    if outputs is None or r.shape is not None and math.prod(r.shape) != outputs:
+        return None
+    return uniform(matmul_axis(weight, index, 0))
 
 
 # How a decomposed normalization divides by the deviation: the producers, each following the one before it through
@@ -208,7 +237,8 @@ def add_operand(r: Reading) -> Draw | None:
 
 # (op_type, input index) of the first node reading a parameter -> its draw, None where the rule does not apply
 RULES: dict[tuple[str, int], Callable[[Reading], Draw | None]] = {
-    ("MatMul", 1): lambda r: uniform(matmul_fan_in(r.shape)),
+    ("MatMul", 0): lambda r: uniform(matmul_axis(r.shape, 0, 0)),
+    ("MatMul", 1): lambda r: uniform(matmul_axis(r.shape, 1, 0)),
     ("Gemm", 1): lambda r: uniform(gemm_fan_in(r)),
     ("Gemm", 2): lambda r: uniform(gemm_fan_in(r)),
     ("Add", 0): add_operand,

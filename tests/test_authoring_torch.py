@@ -492,6 +492,8 @@ def test_parameter_names_are_the_module_s_parameters_not_its_buffers():
     updates, _ = optimizer.update(grads, optimizer.init(params), params)
     moved = optax.apply_updates(params, updates)
     assert {n for n in params if not np.array_equal(np.asarray(moved[n]), np.asarray(params[n]))} == set(names)
+
+
 class Sequence(torch.nn.Module):
     """Embedding (with a padding row), LSTM, LayerNorm and Linear over token ids."""
 
@@ -525,7 +527,7 @@ def pytorch_draw(layer: "torch.nn.Module", name: str) -> tuple[str, float]:
     """(kind, bound or std) of torch's own reset_parameters for the parameter `name` of `layer`."""
     if isinstance(layer, torch.nn.Linear):
         return "uniform", 1 / np.sqrt(layer.in_features)
-    if isinstance(layer, torch.nn.Conv2d):
+    if isinstance(layer, (torch.nn.Conv1d, torch.nn.Conv2d)):
         return "uniform", 1 / np.sqrt(layer.in_channels // layer.groups * np.prod(layer.kernel_size))
     if isinstance(layer, torch.nn.LSTM):
         return "uniform", 1 / np.sqrt(layer.hidden_size)
@@ -664,3 +666,32 @@ def test_reinitialize_restarts_running_statistics_as_torch_resets_them():
     for name in ("running_mean", "running_var"):
         np.testing.assert_allclose(np.asarray(engine.state[f"1.{name}"]), getattr(reference[1], name).numpy(),
                                    rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+class WeightsAsRead(torch.nn.Module):
+    """The forms Hugging Face's Mamba reads its layers in: a depthwise Conv1d's weight through Squeeze and
+    Unsqueeze, and a Linear's weight as MatMul's A (dt_proj.weight @ x) with its bias added after."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.proj = torch.nn.Conv1d(6, 6, 3, groups=6, padding=1), torch.nn.Linear(6, 4)
+
+    def forward(self, x):
+        h = F.conv1d(x, self.conv.weight.squeeze(1).unsqueeze(1), self.conv.bias, padding=1, groups=6)
+        return self.proj.weight @ h + self.proj.bias[:, None]
+
+
+def test_reinitialize_reads_a_weight_as_its_node_contracts_it():
+    module = perturbed(WeightsAsRead())
+    x = torch.randn(2, 6, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # every parameter re-drawn
+        trainable = onnxtrain.make_trainable(export(module, x, "dynamo-exact"), reinitialize=True)
+    engine = onnxtrain.load(trainable)
+    engine.init(seed=0)
+    highs = {node.output[0]: onnx.helper.get_attribute_value(next(a for a in node.attribute if a.name == "high"))
+             for node in trainable.training_info[0].initialization.node if node.op_type == "RandomUniform"}
+    for name, p in module.named_parameters():
+        kind, bound = pytorch_draw(*source_parameter(module, p.detach().numpy()))
+        assert kind == "uniform" and highs[f"{name}.init"] == pytest.approx(bound), name  # conv: 1/sqrt(1 * 3)
+        assert np.abs(np.asarray(engine.state[name])).max() <= bound, name
