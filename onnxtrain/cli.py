@@ -136,6 +136,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     if engine.batch_sharding is not None:
         split = any(not v.sharding.is_fully_replicated for v in engine.state.values())
         print(f"data parallel over {args.devices} devices; state {'split' if split else 'replicated'}")
+    if not args.output:
+        print("no -o PATH: the trained model is not written")
     arrays = read_npz("--data", args.data)
     # -o's exported model holds the state, the optimizer's included, and the step count: the run goes on from
     # there, with the batches the uninterrupted run took next (the same --data, --batch-size and --seed)
@@ -156,6 +158,9 @@ def cmd_train(args: argparse.Namespace) -> None:
             engine.export(args.output)
             # a count, not a step number: the logs number steps from 0, so the last one taken is step_count - 1
             print(f"interrupted after {engine.step_count} train steps: wrote {args.output} (--resume goes on)")
+        else:  # say so, where a user would look for the file
+            print(f"interrupted after {engine.step_count} train steps: "
+                  + ("none taken by this run, nothing written" if args.output else "nothing written (no -o)"))
         raise
     if history.losses:
         print(f"loss {history.losses[0]:.6f} -> {history.losses[-1]:.6f} over {remaining} steps")

@@ -167,9 +167,11 @@ def fit(
 
     `learning_rate`: a value or a schedule `step -> rate`, fed as the algorithm input `learning_rate` (what
     make_trainable declares; a 0-d float32 feed, so a new rate never recompiles); each rate must be a finite
-    number >= 0 (a 0-d array too, as optax's schedules return), checked before its step. `evaluate(engine)` runs every
-    `eval_every` steps (use `engine.infer` inside it); `checkpoint` is exported every `checkpoint_every` steps
-    and at the end.
+    number >= 0 (a 0-d array too, as optax's schedules return), checked before its step. The loss is logged at the
+    steps numbered 0, log_every, 2 * log_every... (a step's number is the count of steps before it);
+    `evaluate(engine)` runs (use `engine.infer` inside it) and `checkpoint` is exported after every `eval_every` /
+    `checkpoint_every` steps taken, so after the steps numbered eval_every - 1, 2 * eval_every - 1... (History's
+    eval_steps), and both at the end.
 
     `history`: a History to append to instead of a new one, so that what a run logged stays with the caller when
     it stops early (a Ctrl-C in a notebook, a DivergenceError); `on_log(step, loss)` is called at each logged

@@ -260,3 +260,9 @@ def test_train_stopped_then_run_again_with_resume_ends_as_the_uninterrupted_run(
     assert resumed.step_count == steps
     for name, value in reference.state.items():
         np.testing.assert_array_equal(np.asarray(resumed.state[name]), np.asarray(value), err_msg=name)
+
+
+def test_train_without_an_output_says_that_nothing_is_written():
+    result = cli("train", MODEL, "--data", DATA, "--steps", 2, "--batch-size", 64)
+    assert result.returncode == 0, result.stderr
+    assert "no -o PATH: the trained model is not written\n" in result.stdout, result.stdout
