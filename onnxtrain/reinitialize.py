@@ -33,7 +33,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .parameters import metadata
-from .train_mode import NUM_BATCHES_TRACKED
+from .train_mode import NUM_BATCHES_TRACKED, attribute
 
 if TYPE_CHECKING:
     from .authoring import Builder
@@ -59,11 +59,6 @@ class Origin(NamedTuple):
 
     name: str
     shape: Shape | None
-
-
-def attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
-    """The node's attribute `name`, `default` where it has none."""
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
 
 def permuted(node: onnx.NodeProto, shape: Shape, constants: Mapping[str, np.ndarray]) -> Shape | None:

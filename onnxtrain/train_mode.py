@@ -18,7 +18,7 @@ the batch mean and biased variance) and writes the update as plain ops.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -101,7 +101,8 @@ def produced(nodes: list[onnx.NodeProto]) -> set[str]:
     return names
 
 
-def attribute(node: onnx.NodeProto, name: str, default):
+def attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
+    """The node's attribute `name`, `default` where it has none."""
     for a in node.attribute:
         if a.name == name:
             return helper.get_attribute_value(a)
