@@ -59,8 +59,9 @@ def cmd_info(args: argparse.Namespace) -> None:
         where = "graph" if owner is None else f"training_info[{owner}]"
         print(f"state: {name} {np.dtype(value.dtype)}{list(value.shape)} ({where})")
     for algorithm in engine.algorithms:
-        feeds = [i.name for i in algorithm.graph.inputs]
-        print(f"algorithm {algorithm.index}: feeds {feeds}, updates {sorted(algorithm.update_binding)}")
+        # typed, as the graph's inputs above: what --data must hold for a step (make-trainable's target)
+        feeds = ", ".join(f"{i.name} {describe(i)}" for i in algorithm.graph.inputs)
+        print(f"algorithm {algorithm.index}: feeds {feeds}; updates {sorted(algorithm.update_binding)}")
     ops = sorted({(n.domain or "ai.onnx", n.op_type) for n in engine.graph.nodes})
     print("ops: " + ", ".join(f"{d}::{o}" for d, o in ops))
     print("every op is supported")

@@ -39,6 +39,7 @@ def test_info():
     assert result.returncode == 0, result.stderr
     assert "input: X float[batch, 2]" in result.stdout
     assert "state: train.step int64[] (training_info[0])" in result.stdout
+    assert "algorithm 0: feeds target float[batch, 1], learning_rate float[]; updates" in result.stdout
     assert "ai.onnx.preview.training::Adam" not in result.stdout  # main graph ops only
     assert_user_error(cli("info", "missing.onnx"), "missing.onnx")
 
