@@ -545,6 +545,11 @@ def check_names(model: onnx.ModelProto, names: list[str]) -> None:
 KEEP_PARAMETERS = "Export with torch.onnx.export(..., dynamo=True, optimize=False) (onnxtrain.from_torch)"
 
 
+# Recurrence ops, whose W, R and B hold one slice per direction along axis 0: a fresh bidirectional layer's two
+# directions start from equal slices (a Keras LSTM's zero bias with its forget gate at 1), no exporter's broadcast
+RECURRENCES = frozenset({"LSTM", "GRU", "RNN"})
+
+
 def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str], records: ExportRecords) -> None:
     """Warn, once per kind, about chosen initializers the exporter merged, untied, broadcast or folded."""
     used = uses(model.graph)
@@ -557,7 +562,8 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str], recor
             continue  # constant: no copy of a weight, no repetition of one
         if a.size > 1:
             alike[summary(a)].append(n)
-        if how := repetition(a):
+        if (how := repetition(a)) and not (how == "along axis 0" and used.get(n) and
+                                           all(op in RECURRENCES for op, _ in used[n])):
             repeated.append(f"{n} ({how})")
     untied = [f"{b} is a {how} copy of {a}" for a, b, how in untied_copies(arrays, alike.values())]
     folded = folded_batchnorm(model.graph, set(chosen))

@@ -828,3 +828,18 @@ def test_weights_that_repeat_values_by_design_are_not_warned_about(values):
               "bfloat16": rng.normal(0, 0.02, size=(1, 2, 16, 16)).astype(ml_dtypes.bfloat16).astype(np.float32),
               "identity": np.broadcast_to(np.eye(16), (1, 2, 16, 16)) + np.arange(2)[None, :, None, None]}[values]
     assert default_set(added_to_scores(weight)) == ["B", "M"]
+
+
+def test_a_fresh_bidirectional_recurrences_equal_direction_slices_are_not_warned_about():
+    """A fresh Keras Bidirectional LSTM's B holds the same bias for both directions (zeros, the forget gate at 1):
+    slices along a recurrence's direction axis, not a broadcast an exporter folded."""
+    rng, hidden = np.random.default_rng(6), 3
+    bias = np.zeros((1, 8 * hidden))
+    bias[0, 2 * hidden:3 * hidden] = 1.0  # the forget gate (ONNX orders them i, o, f, c): Keras's unit forget bias
+    model = model_of([helper.make_node("LSTM", ["X", "W", "R", "B"], ["Y"], hidden_size=hidden,
+                                       direction="bidirectional")], {"X": [5, 2, 4]},
+                     {"W": rng.normal(size=(2, 4 * hidden, 4)), "R": rng.normal(size=(2, 4 * hidden, hidden)),
+                      "B": np.concatenate([bias, bias])})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", onnxtrain.ParameterizationWarning)
+        assert select_trainable(model, None) == ["W", "R", "B"]
