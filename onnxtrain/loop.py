@@ -112,9 +112,17 @@ def check_finite(engine: Engine, step: int, losses: Mapping[str, float], state: 
     if state and not culprits:
         culprits = [f"state variable(s) {names} hold NaN or infinity" for names in [nonfinite_state(engine)] if names]
     if culprits:
+        advice = divergence_advice(engine)
+        # a NaN loss over a finite state is what the data alone gives: a cross-entropy over no counted label is
+        # torch's 0 / 0 with a zero gradient (the step changed nothing), a label past the classes a NaN sample;
+        # "lower the learning rate" sent users after a divergence that had not happened (checked on failure only)
+        if any(np.isnan(value) for value in losses.values()) and not nonfinite_state(engine):
+            advice = (f"every state variable is finite, so the NaN may be the batch's: a cross_entropy batch whose "
+                      f"labels are all ignore_index (the mean over no label, torch's NaN, with a zero gradient; "
+                      f"drop such batches) or a label outside [0, classes); otherwise {advice}")
         raise DivergenceError(
             f"training diverged: {culprits[0]} after train step {engine.step_count} (step {step} of this fit); "
-            f"nothing was written: {divergence_advice(engine)}"
+            f"nothing was written: {advice}"
         )
 
 

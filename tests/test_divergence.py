@@ -34,9 +34,43 @@ def nan_from(engine: onnxtrain.Engine, batches: Iterator[dict], step: int) -> It
 
 def test_a_nan_loss_stops_fit_at_its_step():
     engine = onnxtrain.load(matmul_sgd(0.1))
-    with pytest.raises(DivergenceError, match=r"loss 'loss' is nan after train step 8 \(step 7 of this fit\)"):
+    with pytest.raises(DivergenceError,
+                       match=r"loss 'loss' is nan after train step 8 \(step 7 of this fit\)") as caught:
         onnxtrain.fit(engine, nan_from(engine, onnxtrain.array_batches(data()), 6), steps=20, log_every=1,
                       progress=False)
+    assert "every state variable is finite" not in str(caught.value)  # W is NaN: the old advice
+
+
+def test_a_nan_loss_over_finite_weights_names_the_labels_before_the_learning_rate():
+    """A micro-batch whose labels are all -100 (a Hugging Face batch of prompts alone) in an accumulate=3 window:
+    its loss is torch's 0 / 0, NaN, its gradient zero, so the weights stay finite and the update is the other
+    micro-batches' (as torch's num_items_in_batch loop's); fit still stops on the NaN, but says what the data can
+    do rather than only 'lower the learning rate'."""
+    torch = pytest.importorskip("torch")
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(4, 3)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["X", "W"], ["Y"])], "scores",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 3])],
+                              [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="cross_entropy", optimizer="sgd",
+                                                     learning_rate=0.5, accumulate=3))
+    batches = [{"X": rng.normal(size=(4, 4)).astype(np.float32), "target": np.array(t, np.int64)}
+               for t in ([0, 1, 2, -100], [-100] * 4, [2, -100, 0, 1])]
+    with pytest.raises(DivergenceError, match=r"loss 'loss' is nan after train step 2 \(step 1 of this fit\); "
+                                              r"nothing was written: every state variable is finite.*all ignore_index"):
+        onnxtrain.fit(engine, batches * 2, steps=6, log_every=1, progress=False)
+    onnxtrain.fit(engine, batches[2:], steps=1, log_every=2, progress=False)  # the window's last: unlogged
+    weight = torch.tensor(w, requires_grad=True)
+    for batch in batches:  # torch: each summed loss over the update's 6 labels; the empty one adds nothing
+        torch.nn.functional.cross_entropy(torch.tensor(batch["X"]) @ weight, torch.tensor(batch["target"]),
+                                          reduction="sum").div(6).backward()
+    assert torch.nn.functional.cross_entropy(weight[:1], torch.tensor([-100])).isnan()  # torch's NaN too
+    np.testing.assert_allclose(np.asarray(engine.state["W"]), (weight - 0.5 * weight.grad).detach().numpy(),
+                               rtol=1e-6, atol=1e-7)
 
 
 def test_a_diverged_run_never_overwrites_the_checkpoint(tmp_path):
