@@ -23,9 +23,14 @@ from .parameters import (  # noqa: F401 (running_statistics: API)
     recurrent_halves, running_statistics, select_trainable, source_ranks,
 )
 from .reinitialize import reinitialize_weights
-from .train_mode import add_training_forward, warn_of_train_mode_nodes
+from .train_mode import PREFIX, add_training_forward, warn_of_train_mode_nodes
 
 LOSSES = ("mse", "cross_entropy", "bce_logits")
+LOSS = "loss"  # the algorithm's loss value and output, where the model has no value of that name
+# A 0-d model output named `loss` (a Hugging Face model's, loss="output:loss") is the algorithm's loss itself. With
+# train_mode it is the train-mode copy's, `train/loss`: the model's own `loss` is its eval-mode output then, which
+# the training graph (both graphs concatenated) cannot define a second time.
+OWN_LOSSES = (LOSS, PREFIX + LOSS)
 # torch.nn.functional.cross_entropy's default ignore_index: Hugging Face pads labels with it. Never a class (labels
 # are in [0, classes)), so ignoring it by default changes no loss over valid labels
 TORCH_IGNORE_INDEX = -100
@@ -138,12 +143,14 @@ def dims(value_type: onnx.TypeProto) -> list[int | str | None] | None:
 
 class Loss(NamedTuple):
     """What add_loss wrote: the algorithm inputs (the target, if any), the loss's type (its operand's: a float64
-    model's loss is float64), and `items`, a float32 scalar value holding what the loss's mean divides by (None
-    where not asked for, or unknown: a model's own loss output)."""
+    model's loss is float64), `items`, a float32 scalar value holding what the loss's mean divides by (None
+    where not asked for, or unknown: a model's own loss output), and `name`, the value that is the loss (the
+    algorithm's loss output, the Gradient's y)."""
 
     inputs: list[onnx.ValueInfoProto]
     elem: int
     items: str | None
+    name: str = LOSS
 
 
 def add_loss(b: Builder, graph: onnx.GraphProto, loss: str, prediction: str, ignore_index: int | None,
@@ -163,9 +170,10 @@ def add_loss(b: Builder, graph: onnx.GraphProto, loss: str, prediction: str, ign
     if loss.startswith("output:"):
         name = loss.partition(":")[2]
         value_type = float_tensor(graph, name, "loss output")
-        if name != "loss" or dims(value_type) != []:  # an output named "loss", 0-d, is the algorithm's loss itself
-            b.node("ReduceSum", [name], ["loss"], keepdims=0)  # a scalar stays as it is; a vector is summed
         # what the model's loss averages over, if anything, is not in the graph to count: not guessed
+        if name in OWN_LOSSES and dims(value_type) == []:
+            return Loss([], value_type.tensor_type.elem_type, None, name)
+        b.node("ReduceSum", [name], [LOSS], keepdims=0)  # a scalar stays as it is; a vector is summed
         return Loss([], value_type.tensor_type.elem_type, None)
     pred_type = float_tensor(graph, prediction, "prediction")
     elem = pred_type.tensor_type.elem_type
@@ -358,7 +366,8 @@ def make_trainable(
     `class_axis` where the scores hold the classes, default 1 as in PyTorch, -1 for [batch, seq, vocab] logits;
     labels equal to `ignore_index` count in neither sum nor mean: by default torch's -100, which Hugging Face
     pads labels with; `label_smoothing` as torch's) or "output:NAME" (a model
-    output that is already the loss). The rate is the algorithm input `learning_rate`, whose initializer is the
+    output that is already the loss; with train_mode, the loss of a 0-d output `loss` is its train-mode copy
+    `train/loss`, the model's `loss` staying its eval-mode one). The rate is the algorithm input `learning_rate`, whose initializer is the
     default: feed it to schedule.
 
     The update is torch.optim's, to float rounding (onnxtrain/optimizers.py): `optimizer` "sgd", "momentum",
@@ -405,7 +414,6 @@ def make_trainable(
     declare_intermediate(result, prediction)
     check_logits(graph, loss, prediction)  # the model's own nodes: train_mode's copy renames them
     b = Builder()
-    own_loss_in_train_mode = train_mode and loss == "output:loss"  # before the train-mode copy renames it
     if train_mode:
         prediction, loss = add_training_forward(b, result, prediction, loss)
     else:
@@ -413,8 +421,9 @@ def make_trainable(
     opset = next((o.version for o in result.opset_import if o.domain in ("", "ai.onnx")), 1)
     # the loss has its operand's type: a float64 model's (skl2onnx converts a linear model for float64 inputs to
     # MatMul and Add in float64) is float64, which a declared float had refused at the first step
-    inputs, loss_elem, items = add_loss(b, graph, loss, prediction, ignore_index, class_axis, label_smoothing, opset,
-                                        count_items=update.accumulate > 1 and update.accumulate_by == "items")
+    inputs, loss_elem, items, loss_value = add_loss(
+        b, graph, loss, prediction, ignore_index, class_axis, label_smoothing, opset,
+        count_items=update.accumulate > 1 and update.accumulate_by == "items")
     if update.accumulate > 1 and update.accumulate_by == "items" and items is None:
         # a model's own loss (a Hugging Face model's mean over its -100 labels) hides what it averaged over
         warnings.warn(f"accumulate_by='items' (the default) weighs each micro-batch by what its mean loss divides "
@@ -431,14 +440,14 @@ def make_trainable(
     # gradients the source model has none of: an embedding's padding row, a Keras LSTM bias's added recurrent half
     zeroed = {table: np.array([[row]]) for table, row in padding_rows(result, params, padding_idx, shapes).items()}
     halves = recurrent_halves(result, params)
-    add_update(b, params, weights, update, zeroed | halves, source_ranks(graph, shapes), items)
+    add_update(b, params, weights, update, zeroed | halves, source_ranks(graph, shapes), items, loss_value)
     if reinitialize:
         reinitialize_weights(b, graph, params, weights, zeroed | halves)
-    check_names_free(graph, b, inputs, OWN_LOSS_IN_TRAIN_MODE if own_loss_in_train_mode else "")
+    check_names_free(graph, b, inputs)
     outputs = [helper.make_value_info(value, value_type) for _, value, value_type in b.updates]
     algorithm = helper.make_graph(
         b.nodes, "train_step", inputs,
-        [helper.make_tensor_value_info("loss", loss_elem, [])] + outputs,
+        [helper.make_tensor_value_info(loss_value, loss_elem, [])] + outputs,
         b.initializers,
     )
     initialization = helper.make_graph(b.init_nodes, "initialize", [], b.init_outputs) if b.init_nodes else None
@@ -450,23 +459,14 @@ def make_trainable(
     return result
 
 
-# from_torch(hf_model, ..., kwargs={"labels": ...}, loss="output:loss", train_mode=True): without train_mode the
-# model's `loss` is the algorithm's loss itself; with it, the loss of the train-mode copy is, under the same name
-OWN_LOSS_IN_TRAIN_MODE = (". With train_mode, the training graph computes its own `loss` from the train-mode copy "
-                          "of the forward pass, beside the model's eval-mode output `loss`: name that output "
-                          "otherwise, e.g. from_torch(..., output_names=['model_loss', 'logits'], "
-                          "loss='output:model_loss')")
-
-
-def check_names_free(graph: onnx.GraphProto, b: Builder, inputs: list[onnx.ValueInfoProto], hint: str = "") -> None:
+def check_names_free(graph: onnx.GraphProto, b: Builder, inputs: list[onnx.ValueInfoProto]) -> None:
     """The algorithm graph reads the inference graph's values by name, so a name it defines (`target`,
     `learning_rate`, `loss`, `<param>.next`, ...) that the model already holds would shadow the model's value: a
-    model output named `target` was read as the target (a shape error at the first step). Refused here; `hint`
-    says how in the case at hand."""
+    model output named `target` was read as the target (a shape error at the first step). Refused here."""
     ours = {i.name for i in inputs} | {t.name for t in b.initializers} | {o for n in b.nodes for o in n.output}
     theirs = ({i.name for i in graph.input} | {t.name for t in graph.initializer}
               | {o for n in graph.node for o in n.output})
     if clash := sorted(ours & theirs - {""}):
         raise AuthoringError(f"the model already has values named {clash}, names the training graph gives its "
-                             f"own (the target, the loss, the rate, updated weights): rename them in the model "
-                             f"(torch.onnx.export's or from_torch's output_names=){hint}")
+                             "own (the target, the loss, the rate, updated weights): rename them in the model "
+                             "(torch.onnx.export's or from_torch's output_names=)")

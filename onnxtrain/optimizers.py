@@ -135,19 +135,20 @@ def no_decay_matches_nothing(pattern: str, names: list[str]) -> AuthoringError:
 
 
 def add_update(b: Builder, params: list[str], weights: dict[str, np.ndarray], update: Update,
-               zeroed: Mapping[str, np.ndarray], ranks: Mapping[str, int], items: str | None = None) -> None:
+               zeroed: Mapping[str, np.ndarray], ranks: Mapping[str, int], items: str | None = None,
+               loss: str = "loss") -> None:
     """Append the Gradient node and everything after it, binding the new parameters and optimizer state;
     `zeroed`: {parameter: indices of the parts whose gradient is zero} (zero_parts: an embedding's padding row,
     embedding_padding.py; the zero recurrent half of a Keras LSTM's bias, parameters.recurrent_halves);
     `ranks`: the parameters' ranks for no_decay=True (parameters.source_ranks); `items`: the float32 value holding
     what the loss's mean divided by, which weighs the micro-batch under accumulate_by="items" (None: unknown, each
-    weighs alike)."""
+    weighs alike); `loss`: the value differentiated (authoring.Loss.name)."""
     types = {p: helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(weights[p].dtype), weights[p].shape)
              for p in params}
     elems = {p: types[p].tensor_type.elem_type for p in params}
     optimizer_updates = len(b.updates)  # train mode's running statistics, bound before, update every micro-batch
     grads = {p: f"{p}.grad" for p in params}
-    b.node("Gradient", params, list(grads.values()), domain=TRAINING_DOMAIN, xs=params, y="loss")
+    b.node("Gradient", params, list(grads.values()), domain=TRAINING_DOMAIN, xs=params, y=loss)
     grads = zero_parts(b, grads, zeroed, weights)
     accumulated, carried = grads, {}
     if update.accumulate > 1:

@@ -405,10 +405,11 @@ def test_an_output_named_loss_is_the_loss_and_other_names_of_the_training_graph_
         onnxtrain.make_trainable(model_with_outputs("Z", "target"), loss="mse")
 
 
-def test_an_output_named_loss_in_train_mode_is_refused_saying_how_to_rename_it():
+def test_an_output_named_loss_in_train_mode_is_the_loss_of_the_train_mode_copy():
     """from_torch(hf_model, ..., kwargs={"labels": ...}, loss="output:loss", train_mode=True), as the README pairs
-    them: the training graph's `loss` is then the train-mode copy's, beside the model's eval-mode output `loss`.
-    The refusal said only "rename them in the model"; it says why here and how, and the renamed model trains."""
+    them, was refused: the training graph computed its own `loss` from the train-mode copy's, beside the model's
+    eval-mode output `loss`. The copy's 0-d `train/loss` is the algorithm's loss now (what fit logs), the model's
+    `loss` staying what infer computes: NumPy's mean(Z^2) without the Dropout."""
     def with_dropout(loss_name: str) -> onnx.ModelProto:
         model = model_with_outputs("loss", "Z")
         model.graph.node[0].output[0] = "Z.in"  # Z = Dropout(X W): a train-mode export's
@@ -416,11 +417,17 @@ def test_an_output_named_loss_in_train_mode_is_refused_saying_how_to_rename_it()
         model.graph.node[3].output[0] = model.graph.output[0].name = loss_name
         return model
 
-    with pytest.raises(onnxtrain.errors.AuthoringError, match=r"\['loss'\].*With train_mode, .*own `loss` .*"
-                       r"output_names=\['model_loss', 'logits'\], loss='output:model_loss'\)"):
-        onnxtrain.make_trainable(with_dropout("loss"), loss="output:loss", train_mode=True)
-    renamed = onnxtrain.make_trainable(with_dropout("model_loss"), loss="output:model_loss", train_mode=True)
     x = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
+    model = onnxtrain.make_trainable(with_dropout("loss"), loss="output:loss", optimizer="sgd", train_mode=True)
+    assert model.training_info[0].algorithm.output[0].name == "train/loss"
+    engine = onnxtrain.load(model)
+    assert onnxtrain.loop.loss_output(engine) == "train/loss"
+    z = x @ onnx.numpy_helper.to_array(model.graph.initializer[0])
+    np.testing.assert_allclose(float(engine.infer({"X": x})["loss"]), np.mean(z * z), rtol=1e-6)
+    # the Dropout (ratio 0.5) drops in the train step: its loss is another number
+    trained = float(engine.train_step({"X": x})["train/loss"])
+    assert np.isfinite(trained) and abs(trained - np.mean(z * z)) > 1e-3
+    renamed = onnxtrain.make_trainable(with_dropout("model_loss"), loss="output:model_loss", train_mode=True)
     assert np.isfinite(float(onnxtrain.load(renamed).train_step({"X": x})["loss"]))
 
 

@@ -392,3 +392,59 @@ def test_a_model_with_dropout_and_no_batch_norm_is_warned_only_where_a_convoluti
         warnings.simplefilter("always")
         onnxtrain.make_trainable(model, loss="mse", train_mode=True)
     assert any("no BatchNormalization node" in str(w.message) for w in caught) == warned
+
+
+def tiny_bert(dropout: float) -> torch.nn.Module:
+    """A BertForSequenceClassification of one layer, random weights of seed 0 whatever `dropout`."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=16, num_labels=3,
+                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    torch.manual_seed(0)
+    return BertForSequenceClassification(config)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_a_hugging_face_model_s_own_loss_trains_in_train_mode(dropout):
+    """from_torch(hf_model, ..., kwargs={"labels": ...}, loss="output:loss", train_mode=True) was refused: the
+    training graph's loss, the train-mode copy's, clashed with the model's eval-mode output `loss`. The copy's
+    `train/loss` is the algorithm's loss: fit logs it, and without dropout SGD is PyTorch's loop on
+    model(**batch).loss (a Dropout of ratio 1e-30 stays in the export and drops nothing). With dropout, the steps
+    drop and infer is the trained module's eval()."""
+    pytest.importorskip("transformers")
+    rng = np.random.default_rng(0)
+    batches = [{"input_ids": rng.integers(0, 50, (4, 6)), "labels": rng.integers(0, 3, 4)} for _ in range(3)]
+    tensors = [{k: torch.from_numpy(v) for k, v in b.items()} for b in batches]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: "Exporting a model while it is in training mode"
+        model = onnxtrain.from_torch(tiny_bert(dropout or 1e-30).train(), (tensors[0]["input_ids"],),
+                                     kwargs={"labels": tensors[0]["labels"]}, loss="output:loss", train_mode=True,
+                                     optimizer="sgd", learning_rate=0.5)
+    engine = onnxtrain.load(model)
+    reference = tiny_bert(dropout)
+    if not dropout:
+        history = onnxtrain.fit(engine, batches, steps=3, log_every=1, progress=False)
+        optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+        expected = []
+        for feed in tensors:
+            optimizer.zero_grad()
+            loss = reference(**feed).loss
+            loss.backward()
+            optimizer.step()
+            expected.append(loss.item())
+        np.testing.assert_allclose(history.losses, expected, rtol=1e-5)
+        return
+    outputs = engine.train_step(batches[0])
+    with torch.no_grad():
+        before = reference.eval()(**tensors[0]).loss.item()
+    assert abs(float(outputs["train/loss"]) - before) > 1e-4  # dropped
+    history = onnxtrain.fit(engine, batches[1:], steps=2, log_every=1, progress=False)
+    assert np.isfinite(history.losses).all()
+    onnxtrain.to_torch(engine, reference)
+    with torch.no_grad():
+        trained = reference.eval()(**tensors[0])
+    inferred = engine.infer(batches[0])
+    np.testing.assert_allclose(np.asarray(inferred["logits"]), trained.logits.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(float(inferred["loss"]), trained.loss.item(), rtol=1e-5)
+    assert abs(trained.loss.item() - before) > 1e-4  # the weights moved
