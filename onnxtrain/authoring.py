@@ -365,9 +365,9 @@ def make_trainable(
     merged, untied or broadcast parameters. `loss`: "mse", "bce_logits", "cross_entropy" (int64 labels;
     `class_axis` where the scores hold the classes, default 1 as in PyTorch, -1 for [batch, seq, vocab] logits;
     labels equal to `ignore_index` count in neither sum nor mean: by default torch's -100, which Hugging Face
-    pads labels with; `label_smoothing` as torch's) or "output:NAME" (a model
-    output that is already the loss; with train_mode, the loss of a 0-d output `loss` is its train-mode copy
-    `train/loss`, the model's `loss` staying its eval-mode one). The rate is the algorithm input `learning_rate`, whose initializer is the
+    pads labels with; `label_smoothing` as torch's) or "output:NAME" (a model output that is already the loss;
+    with train_mode, the loss of a 0-d output `loss` is its train-mode copy `train/loss`, the model's `loss`
+    staying its eval-mode one). The rate is the algorithm input `learning_rate`, whose initializer is the
     default: feed it to schedule.
 
     The update is torch.optim's, to float rounding (onnxtrain/optimizers.py): `optimizer` "sgd", "momentum",
