@@ -14,6 +14,11 @@ HOST_ONLY_DTYPES = frozenset({np.dtype(ml_dtypes.float6_e2m3fn), np.dtype(ml_dty
 # The ONNX element types a model trains in (parameters, losses): the 8-, 6- and 4-bit floats are storage types.
 TRAINING_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
                                   onnx.TensorProto.BFLOAT16})
+# The 16-bit training types, which torch computes in float32 (its "opmath" type) and rounds back to, element by
+# element: optimizer updates, a broadcast operand's gradient sum (optimizers.py, lower/ops/training.py,
+# lower/ops/elementwise.py); as ONNX element types and as the dtypes that hold them
+HALF_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
+HALF_FLOAT_DTYPES = frozenset(np.dtype(helper.tensor_dtype_to_np_dtype(t)) for t in HALF_FLOAT_TYPES)
 
 
 def host_only(value) -> bool:

@@ -675,7 +675,6 @@ def jax_function(source: ModelSource, seed: int = 0):
     return load(source, seed=seed).jax_function()
 
 
-
 def export_params(source: ModelSource, params: Mapping[str, Any], path: str | Path) -> None:
     """Write `source` with its main-graph initializers replaced by `params`, atomically."""
     model, _ = read_model(source)

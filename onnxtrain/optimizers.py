@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .dtypes import HALF_FLOAT_TYPES
 from .errors import AuthoringError
 from .lower.registry import TRAINING_DOMAIN
 from .parameters import check_pattern
@@ -45,7 +46,6 @@ ADAM_DEFAULTS = {"alpha": 0.9, "beta": 0.999, "epsilon": 1e-8}  # torch.optim.Ad
 OP_DEFAULTS = {"adagrad": {"epsilon": 1e-10}, "adam": ADAM_DEFAULTS, "adamw": ADAM_DEFAULTS}
 ADAMW_WEIGHT_DECAY = 0.01  # torch.optim.AdamW's default
 CLIP_EPSILON = 1e-6  # torch.nn.utils.clip_grad_norm_ divides max_norm by (total norm + 1e-6)
-HALF_TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16)  # torch's kernels compute these in float32 (opmath)
 
 
 @dataclass(frozen=True)
@@ -295,11 +295,12 @@ def decay_parameters(b: Builder, params: list[str], elems: dict[str, int], weigh
     b.node("Sub", [b.scalar("one", 1, TensorProto.DOUBLE), "decay.amount"], ["decay.factor"])
     decayed_values = {}
     for p in params:
-        wide = TensorProto.FLOAT if elems[p] in HALF_TYPES else elems[p]
-        product = f"{p}.decayed" if wide == elems[p] else f"{p}.decayed.{TensorProto.DataType.Name(wide).lower()}"
-        b.node("Mul", [p if wide == elems[p] else b.cast(p, wide), b.cast("decay.factor", wide)], [product])
-        if wide != elems[p]:
-            b.node("Cast", [product], [f"{p}.decayed"], to=elems[p])
+        if elems[p] in HALF_FLOAT_TYPES:
+            b.node("Mul", [b.cast(p, TensorProto.FLOAT), b.cast("decay.factor", TensorProto.FLOAT)],
+                   [f"{p}.decayed.float"])
+            b.node("Cast", [f"{p}.decayed.float"], [f"{p}.decayed"], to=elems[p])
+        else:
+            b.node("Mul", [p, b.cast("decay.factor", elems[p])], [f"{p}.decayed"])
         decayed_values[p] = f"{p}.decayed"
     return decayed_values
 

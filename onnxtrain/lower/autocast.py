@@ -33,6 +33,7 @@ from typing import Any, Iterator
 import jax.numpy as jnp
 import onnx
 
+from ..dtypes import HALF_FLOAT_TYPES, type_name
 from ..errors import OptionError
 from .values import is_static
 
@@ -67,9 +68,6 @@ def mixed_precision_of(name: str | None, loss_scale: float | None = None) -> Mix
     return MixedPrecision(COMPUTE_DTYPES[name], float(scale))
 
 
-HALF_TYPES = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
-
-
 def check_master_weights(precision: MixedPrecision | None, model: onnx.ModelProto) -> None:
     """OptionError for mixed precision on a model whose weights are float16/bfloat16 (a module
     `.to(torch.bfloat16)` before its export, as Hugging Face fine-tunes): it has no float32 master weights and no
@@ -79,11 +77,13 @@ def check_master_weights(precision: MixedPrecision | None, model: onnx.ModelProt
     trained ones where the model trains (an exporter lifts a few float32 constants beside bfloat16 weights), else
     the float initializers. A float64 model's products are left as they are, as are half-precision products among
     float32 weights."""
+    if precision is None:
+        return
     trained = {b.key for info in model.training_info for b in info.update_binding}
     weights = [t for t in model.graph.initializer if t.name in trained] or model.graph.initializer
     types = {t.data_type for t in weights}
-    half = sorted({HALF_TYPES[t] for t in types if t in HALF_TYPES})
-    if precision is not None and half and onnx.TensorProto.FLOAT not in types:
+    half = sorted({type_name(t) for t in types & HALF_FLOAT_TYPES})
+    if half and onnx.TensorProto.FLOAT not in types:
         raise OptionError(f"mixed_precision={jnp.dtype(precision.dtype).name!r}: the model's weights are "
                           f"{' and '.join(half)}, not float32 master copies, so it computes in their type already "
                           f"(as PyTorch trains a module after .to(torch.{half[0]})); load it without mixed_precision")

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ...dtypes import HALF_FLOAT_DTYPES
 from ..registry import register
 from ..values import Array, is_static, is_text
 
@@ -62,8 +63,6 @@ UNARY: dict[str, Callable] = {
     "BitwiseNot": jnp.bitwise_not,
 }
 
-HALF_FLOATS = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
-
 
 def broadcast_in_float32(fn: Callable) -> Callable:
     """`fn` (+, -, *, /) of two float16/bfloat16 operands of which one is broadcast computed in float32 and rounded
@@ -75,7 +74,7 @@ def broadcast_in_float32(fn: Callable) -> Callable:
 
     def impl(a: Array, b: Array) -> Array:
         dtype = jnp.result_type(a)
-        if (dtype in HALF_FLOATS and jnp.result_type(b) == dtype and jnp.shape(a) != jnp.shape(b)
+        if (dtype in HALF_FLOAT_DTYPES and jnp.result_type(b) == dtype and jnp.shape(a) != jnp.shape(b)
                 and not is_static(a, b)):
             return fn(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)).astype(dtype)
         return fn(a, b)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
-from ...dtypes import is_float
+from ...dtypes import HALF_FLOAT_DTYPES, is_float
 from ...errors import NodeError
 from ...ir import free_names, readers
 from ..axes import wrap_indices
@@ -314,8 +314,7 @@ def opmath(tensors: tuple) -> tuple:
     rounded to it first (JAX's weak types): 0.9 is 0.8984375 in bfloat16, a momentum that decayed 1.6% more per
     step, and 100 steps trained 30% farther from a float64 run than PyTorch's (now 1-4% nearer). Adagrad keeps
     its tensors' type: torch sums its squares and adds epsilon in that type too (in float16 both underflow alike)."""
-    return tuple(t.astype(jnp.float32) if is_float(t.dtype) and jnp.dtype(t.dtype).itemsize < 4 else t
-                 for t in tensors)
+    return tuple(t.astype(jnp.float32) if jnp.dtype(t.dtype) in HALF_FLOAT_DTYPES else t for t in tensors)
 
 
 @op("Adagrad", 1, domain=TRAINING_DOMAIN)
