@@ -33,7 +33,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .parameters import metadata
-from .train_mode import NUM_BATCHES_TRACKED, attribute
+from .train_mode import NUM_BATCHES_TRACKED, attribute, constant_tensors
 
 if TYPE_CHECKING:
     from .authoring import Builder
@@ -269,13 +269,8 @@ def running_state(graph: onnx.GraphProto) -> dict[str, Draw]:
 
 def int_constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
     """The int64 vectors a Reshape's shape or Unsqueeze's axes can be: initializers in the model, Constant nodes."""
-    found = {t.name: numpy_helper.to_array(t) for t in graph.initializer
-             if t.data_type == TensorProto.INT64 and len(t.dims) == 1 and t.data_location != TensorProto.EXTERNAL}
-    for node in graph.node:
-        value = next((a.t for a in node.attribute if a.name == "value"), None) if node.op_type == "Constant" else None
-        if value is not None and value.data_type == TensorProto.INT64:
-            found[node.output[0]] = numpy_helper.to_array(value)
-    return found
+    return {name: numpy_helper.to_array(t) for name, t in constant_tensors(graph).items()
+            if t.data_type == TensorProto.INT64 and len(t.dims) == 1 and t.data_location != TensorProto.EXTERNAL}
 
 
 def draws(graph: onnx.GraphProto, params: list[str], shapes: Mapping[str, Shape]) -> dict[str, Draw | None]:

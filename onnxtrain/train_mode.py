@@ -18,7 +18,7 @@ the batch mean and biased variance) and writes the update as plain ops.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 import onnx
@@ -186,19 +186,18 @@ def to_eval_mode(graph: onnx.GraphProto) -> None:
             del node.input[2:]
 
 
-def constant_value(graph: onnx.GraphProto, name: str) -> np.ndarray | None:
-    """The value of `name` where an initializer or a Constant node's `value` holds it, else None."""
-    for t in graph.initializer:
-        if t.name == name:
-            return numpy_helper.to_array(t)
+def constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """Each value that an initializer or a Constant node's `value` holds, by name, not decoded."""
+    found = {t.name: t for t in graph.initializer}
     for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ONNX_DOMAINS and list(node.output) == [name]:
+        if node.op_type == "Constant" and node.domain in ONNX_DOMAINS and len(node.output) == 1:
             value = attribute(node, "value", None)
-            return None if value is None else numpy_helper.to_array(value)
-    return None
+            if value is not None:
+                found[node.output[0]] = value
+    return found
 
 
-def always_dropping(graph: onnx.GraphProto, node: onnx.NodeProto) -> bool:
+def always_dropping(node: onnx.NodeProto, constants: Mapping[str, onnx.TensorProto]) -> bool:
     """A Dropout whose `training_mode` input is a constant true and whose ratio is not a constant 0: both
     exporters write a train() module's Dropout so (TorchScript's with TrainingMode.TRAINING or PRESERVE, the dynamo
     exporter whatever its options), and ONNX says it drops wherever it runs, `infer` included. ONNX Runtime's
@@ -206,9 +205,9 @@ def always_dropping(graph: onnx.GraphProto, node: onnx.NodeProto) -> bool:
     onnxtrain's infer: nothing in the numbers tells which is meant."""
     if len(node.input) < 3 or not node.input[2]:
         return False
-    mode = constant_value(graph, node.input[2])
-    ratio = constant_value(graph, node.input[1]) if node.input[1] else None
-    return mode is not None and bool(mode.all()) and not (ratio is not None and not ratio.any())
+    mode, ratio = (constants.get(node.input[2]), constants.get(node.input[1]) if node.input[1] else None)
+    return (mode is not None and bool(numpy_helper.to_array(mode).all())
+            and not (ratio is not None and not numpy_helper.to_array(ratio).any()))
 
 
 def warn_of_train_mode_nodes(graph: onnx.GraphProto) -> None:
@@ -218,8 +217,9 @@ def warn_of_train_mode_nodes(graph: onnx.GraphProto) -> None:
     initializers = {t.name for t in graph.initializer}
     batch_statistics_only = [n for n in batch_norms(graph)
                              if attribute(n, "training_mode", 0) and not batch_statistics(graph, n, initializers)]
-    dropping_always = [n for n in graph.node
-                       if n.op_type == "Dropout" and n.domain in ONNX_DOMAINS and always_dropping(graph, n)]
+    dropouts = [n for n in graph.node if n.op_type == "Dropout" and n.domain in ONNX_DOMAINS]
+    constants = constant_tensors(graph) if dropouts else {}
+    dropping_always = [n for n in dropouts if always_dropping(n, constants)]
     kinds = {"BatchNormalization": [n.name or n.output[0] for n in batch_statistics_only],
              "Dropout": [n.name or n.output[0] for n in dropping_always]}
     what = {"BatchNormalization": "normalize with the batch's statistics (training_mode=1) and nothing updates their "
