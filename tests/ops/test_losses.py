@@ -10,6 +10,7 @@ from jax.test_util import check_grads
 import onnxtrain
 from nodes import assert_matches_reference, node_model
 from onnxtrain.lower.ops import losses
+from onnxtrain.lower.target import targeting
 from nodes import run_outputs as run
 
 rng = np.random.default_rng(0)
@@ -90,15 +91,21 @@ def test_nll_mean_without_weights_skips_ignored_samples():
     labels[[1, 4]] = -1
     inputs = {"x": log_prob, "t": labels}
     (loss,) = run(node_model("NegativeLogLikelihoodLoss", inputs, ignore_index=-1), inputs)
-    np.testing.assert_allclose(loss, numpy_loss(log_prob, labels, ignore_index=-1), rtol=1e-6)
+    # (atol: random log_prob of both signs cancel in the sum, and a GPU adds float32 in another order)
+    np.testing.assert_allclose(loss, numpy_loss(log_prob, labels, ignore_index=-1), rtol=1e-6, atol=1e-6)
 
 
-def test_sce_gradient_matches_softmax_minus_onehot():
+# the picked log-likelihood is a gather on the CPU and a one-hot sum elsewhere (losses.picked): both are traced here
+PLATFORMS = pytest.mark.parametrize("platform", ["cpu", "gpu"])
+
+
+@PLATFORMS
+def test_sce_gradient_matches_softmax_minus_onehot(platform):
     scores, labels = scores_and_labels(np.float64, shape=(4, 3))
     labels[2] = 5  # ignored, and outside the classes
-    grad = jax.grad(
-        lambda s: losses.softmax_cross_entropy_loss(s, labels, reduction="sum", ignore_index=5)[0]
-    )(scores)
+    with targeting(platform):
+        grad = jax.jit(jax.grad(
+            lambda s: losses.softmax_cross_entropy_loss(s, labels, reduction="sum", ignore_index=5)[0]))(scores)
     probs = np.exp(log_softmax(scores))
     onehot = np.eye(3)[np.clip(labels, 0, 2)]
     want = (probs - onehot) * (labels != 5)[:, None]
@@ -119,11 +126,14 @@ def test_every_sample_ignored_is_a_nan_mean_with_a_zero_gradient():
     np.testing.assert_array_equal(grad, torch_scores.grad.numpy())
 
 
-def test_nll_gradient_with_weights_and_mean():
+@PLATFORMS
+def test_nll_gradient_with_weights_and_mean(platform):
     log_prob, labels = scores_and_labels(np.float64)
     weights = rng.uniform(0.5, 2, 5)
     fn = lambda x, w: losses.negative_log_likelihood_loss(x, labels, w, reduction="mean")  # noqa: E731
-    check_grads(fn, (log_prob, weights), order=1, modes=["rev"])
+    with targeting(platform):
+        np.testing.assert_allclose(fn(log_prob, weights), numpy_loss(log_prob, labels, weights), rtol=1e-12)
+        check_grads(fn, (log_prob, weights), order=1, modes=["rev"])
 
 
 def test_unknown_reduction_is_rejected_by_name():
@@ -148,19 +158,21 @@ def test_sce_is_usable_as_a_training_loss_under_jit():
     np.testing.assert_allclose(grad.sum(axis=1), 0, atol=1e-6)  # softmax minus one-hot sums to zero per row
 
 
+@PLATFORMS
 @pytest.mark.parametrize("ignore_index", [None, -100])
-def test_a_label_outside_the_classes_is_a_nan_loss_not_the_clipped_class_s(ignore_index):
+def test_a_label_outside_the_classes_is_a_nan_loss_not_the_clipped_class_s(ignore_index, platform):
     """A label outside [0, C) that is not ignore_index has no loss: PyTorch raises ('Target 7 is out of bounds'),
     ONNX Runtime too. It is NaN in the per-sample losses and their mean, where the clipped gather had computed
     class C - 1's loss; the other samples' losses and gradients are NumPy's."""
     scores, labels = scores_and_labels(np.float64, shape=(4, 3))
     labels[1] = 7
-    loss, _ = losses.softmax_cross_entropy_loss(scores, labels, reduction="none", ignore_index=ignore_index)
+    with targeting(platform):
+        loss, _ = losses.softmax_cross_entropy_loss(scores, labels, reduction="none", ignore_index=ignore_index)
+        mean = losses.softmax_cross_entropy_loss(scores, labels, reduction="mean", ignore_index=ignore_index)[0]
+        grad = jax.grad(lambda s: losses.softmax_cross_entropy_loss(s, labels, reduction="sum")[0])(scores)
     want = numpy_loss(log_softmax(scores), labels, reduction="none")
-    assert np.isnan(loss[1])
+    assert np.isnan(loss[1]) and np.isnan(mean)
     np.testing.assert_allclose(np.delete(np.asarray(loss), 1), np.delete(want, 1), rtol=1e-12)
-    assert np.isnan(losses.softmax_cross_entropy_loss(scores, labels, reduction="mean", ignore_index=ignore_index)[0])
-    grad = jax.grad(lambda s: losses.softmax_cross_entropy_loss(s, labels, reduction="sum")[0])(scores)
     probs = np.exp(log_softmax(scores))
     want_grad = (probs - np.eye(3)[np.clip(labels, 0, 2)]) * (labels != 7)[:, None]
     np.testing.assert_allclose(grad, want_grad, rtol=1e-10, atol=1e-12)
