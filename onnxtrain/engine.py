@@ -45,7 +45,7 @@ from .executables import COMPILE_TIME_THRESHOLD, ExecutableStore, model_digest
 from .export import (check_export_target, replaced_by_export, save_atomic, saved_step_count, stored_state,
                      with_initializers, with_state, without_state_bytes, without_zero_state)
 from .external_data import ExternalValues
-from .feeds import FeedChecker, array_signature
+from .feeds import FeedChecker
 from .lower.autocast import MixedPrecision, check_master_weights, mixed_precision_of
 from .optimizers import is_integer
 from .lower.folding import load_time_constants
@@ -427,7 +427,7 @@ class Engine:
 
     def check_algorithm(self, algorithm: int) -> None:
         """StateError unless `algorithm` indexes one of the model's TrainingInfoProtos."""
-        if not is_integer(algorithm):
+        if type(algorithm) is not int and not is_integer(algorithm):  # (the ABC's check costs a microsecond)
             raise StateError(f"algorithm is the index of a TrainingInfoProto, an int: got {type(algorithm).__name__} "
                              f"{algorithm!r}")
         if not self.algorithms:
@@ -460,8 +460,9 @@ class Engine:
         or `init` (the state is then rebuilt as they made it: no copy of the weights is needed at the very
         first step, where memory peaks). Later steps donate the state buffers and run asynchronously; one that
         fails at run time (the device failing, memory taken by something else) loses the state."""
-        checked = self._placement.feeds(self.check_feeds(feeds, algorithm), self._declared)
-        signature = array_signature(checked)
+        self.check_algorithm(algorithm)
+        checked, signature = self._train_feeds[algorithm].checked(feeds)
+        checked = self._placement.feeds(checked, self._declared)
         with self.lock:
             (state, step), *constants = self._train_arguments(algorithm)
             first = signature is None or (algorithm, signature) not in self._ran
@@ -484,7 +485,7 @@ class Engine:
                                     f"{first_line(exc)}") from exc
                 except LOWERING_ERRORS as exc:
                     raise lowering_failure(self._this_step(algorithm), exc, f" ({self._recover()})") from exc
-                if signature is not None:
+                if first and signature is not None:
                     self._ran.add((algorithm, signature))
                 self._state, self._step = state, step
                 self._rebuild = None
