@@ -176,3 +176,24 @@ def test_a_label_outside_the_classes_is_a_nan_loss_not_the_clipped_class_s(ignor
     probs = np.exp(log_softmax(scores))
     want_grad = (probs - np.eye(3)[np.clip(labels, 0, 2)]) * (labels != 7)[:, None]
     np.testing.assert_allclose(grad, want_grad, rtol=1e-10, atol=1e-12)
+
+
+@PLATFORMS
+def test_a_small_loss_and_its_gradient_are_torch_s_float32_numbers(platform):
+    """Scores whose label is the largest by a wide margin: a loss of ~1e-3, as a model trained to fit gives. The
+    logsumexp less the label's score cancelled there to the scores' ulp (1e-4 of the loss), and a model trained
+    on it drifted from PyTorch's; torch's order (the scores less their maximum, less the log of the sum of their
+    exponentials) keeps the digits, and so does its backward's softmax."""
+    torch = pytest.importorskip("torch")
+    scores = rng.normal(size=(6, 5)).astype(np.float32) + 5
+    labels = np.argmax(scores, axis=1)
+    scores[np.arange(6), labels] += 7
+    with targeting(platform):
+        value, grad = jax.jit(jax.value_and_grad(
+            lambda s: losses.softmax_cross_entropy_loss(s, labels, reduction="mean")[0]))(scores)
+    torch_scores = torch.from_numpy(scores).requires_grad_()
+    expected = torch.nn.functional.cross_entropy(torch_scores, torch.from_numpy(labels))
+    expected.backward()
+    assert 1e-4 < expected.item() < 1e-2
+    np.testing.assert_allclose(float(value), expected.item(), rtol=2e-6)
+    np.testing.assert_allclose(grad, torch_scores.grad.numpy(), rtol=2e-6, atol=1e-9)
