@@ -28,8 +28,9 @@ from .train_mode import PREFIX, add_training_forward, warn_of_train_mode_nodes
 LOSSES = ("mse", "cross_entropy", "bce_logits")
 LOSS = "loss"  # the algorithm's loss value and output, where the model has no value of that name
 # A 0-d model output named `loss` (a Hugging Face model's, loss="output:loss") is the algorithm's loss itself. With
-# train_mode it is the train-mode copy's, `train/loss`: the model's own `loss` is its eval-mode output then, which
-# the training graph (both graphs concatenated) cannot define a second time.
+# train_mode it is the train-mode copy's, `train/loss`: the model's own `loss` is its eval-mode output then (infer's;
+# a train step returns the copy under both names), which the training graph (both graphs concatenated) cannot
+# define a second time.
 OWN_LOSSES = (LOSS, PREFIX + LOSS)
 # torch.nn.functional.cross_entropy's default ignore_index: Hugging Face pads labels with it. Never a class (labels
 # are in [0, classes)), so ignoring it by default changes no loss over valid labels
@@ -47,6 +48,8 @@ class Builder:
     init_outputs: list[onnx.ValueInfoProto] = field(default_factory=list)
     init_bindings: list[tuple[str, str]] = field(default_factory=list)
     made: set[str] = field(default_factory=set)  # the scalars and casts written so far (each once)
+    # algorithm outputs beside the loss and the updates: train_mode's copies of the inference graph's outputs
+    outputs: list[onnx.ValueInfoProto] = field(default_factory=list)
 
     def node(self, op_type: str, inputs: list[str], outputs: list[str], domain: str = "", **attrs) -> None:
         self.nodes.append(helper.make_node(op_type, inputs, outputs, domain=domain, **attrs))
@@ -367,7 +370,8 @@ def make_trainable(
     labels equal to `ignore_index` count in neither sum nor mean: by default torch's -100, which Hugging Face
     pads labels with; `label_smoothing` as torch's) or "output:NAME" (a model output that is already the loss;
     with train_mode, the loss of a 0-d output `loss` is its train-mode copy `train/loss`, the model's `loss`
-    staying its eval-mode one). The rate is the algorithm input `learning_rate`, whose initializer is the
+    staying its eval-mode one for infer; a train step returns each output's train-mode copy under its name).
+    The rate is the algorithm input `learning_rate`, whose initializer is the
     default: feed it to schedule.
 
     The update is torch.optim's, to float rounding (onnxtrain/optimizers.py): `optimizer` "sgd", "momentum",
@@ -447,7 +451,8 @@ def make_trainable(
     outputs = [helper.make_value_info(value, value_type) for _, value, value_type in b.updates]
     algorithm = helper.make_graph(
         b.nodes, "train_step", inputs,
-        [helper.make_tensor_value_info(loss_value, loss_elem, [])] + outputs,
+        [helper.make_tensor_value_info(loss_value, loss_elem, [])] + outputs
+        + [o for o in b.outputs if o.name != loss_value],  # (a copied `loss` output is the loss itself)
         b.initializers,
     )
     initialization = helper.make_graph(b.init_nodes, "initialize", [], b.init_outputs) if b.init_nodes else None

@@ -31,6 +31,7 @@ from .lower.typecheck import check_outputs, input_sizes
 from .lower.walker import Scope, TraceContext, run_graph, run_nodes
 from .state.bindings import Algorithm
 from .state.store import assign
+from .train_mode import PREFIX
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,12 @@ def train_step(model: StepModel, k: int, state: Mapping[str, Any], step: Any, co
     check_outputs(algorithm.graph, values, sizes)
     # An output bound to state is the new state itself; returning it again would cost a copy per step.
     bound = set(algorithm.update_binding.values())
-    outputs = {o.name: values[o.name] for o in model.graph.outputs + algorithm.graph.outputs if o.name not in bound}
+    # an inference output NAME whose train-mode copy PREFIX + NAME the algorithm outputs (make_trainable's
+    # train_mode) is returned as the copy: the training pass's value, as a PyTorch loop's outputs in train(), and
+    # the eval-mode forward pass, whose value nothing else reads, is not computed at all
+    copies = {o.name for o in algorithm.graph.outputs if o.name.startswith(PREFIX)}
+    outputs = {o.name: values[PREFIX + o.name if PREFIX + o.name in copies else o.name]
+               for o in model.graph.outputs + algorithm.graph.outputs if o.name not in bound}
     new_state = assign(state, algorithm.update_binding, {n: values[n] for n in bound},
                        f"training_info[{k}].update_binding")
     # the count only seeds random streams: a step that draws none leaves it as it is (one kernel less)

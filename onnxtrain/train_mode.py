@@ -5,7 +5,8 @@ The train step's forward pass is a copy of the inference graph's nodes in the al
 running mean and variance become state variables that each step updates with PyTorch's rule. The inference
 graph itself is put in eval mode (BatchNormalization `training_mode=0`, Dropout without `training_mode`), so
 `infer`, the exported model and any runtime use the running statistics. All of it is standard ONNX: another
-runtime that trains from TrainingInfoProto gets the same steps.
+runtime that trains from TrainingInfoProto gets the same steps. The algorithm outputs each inference output's
+copy (`train/NAME`), which onnxtrain's train step returns as NAME (steps.train_step): one forward pass a step.
 
 PyTorch's update, for momentum `t` (ONNX stores `momentum = 1 - t`):
     running_mean = (1 - t) * running_mean + t * batch_mean
@@ -259,15 +260,19 @@ def add_training_forward(b: Builder, model: onnx.ModelProto, prediction: str, lo
                           f"{KEEP_BATCH_NORM}", stacklevel=3)
     own_running_statistics(graph)
     loss_output = loss.partition(":")[2] if loss.startswith("output:") else None
-    nodes = ancestors(graph, [prediction] + ([loss_output] if loss_output else []))
+    # every output's forward is copied, as PyTorch's train() runs the whole module (each BatchNorm on the way
+    # updates its statistics): the step returns the copies as the model's outputs (steps.train_step), so it
+    # computes no eval-mode forward pass beside the training one
+    outputs = [o.name for o in graph.output]
+    nodes = ancestors(graph, [prediction] + ([loss_output] if loss_output else []) + outputs)
     names = {n: PREFIX + n for n in produced(nodes)}
     initializers = {t.name for t in graph.initializer}
     trained = [n for n in nodes if n.domain in ONNX_DOMAINS and n.op_type == "BatchNormalization"
                and not batch_statistics(graph, n, initializers)]  # those with running statistics
-    outputs = {n.output[0] for n in trained}
+    normalized = {n.output[0] for n in trained}
     for node in nodes:
         copy = renamed(node, names)
-        if node.output[0] in outputs:
+        if node.output[0] in normalized:
             add_batch_statistics(b, graph, node, copy)
         elif copy.domain in ONNX_DOMAINS and copy.op_type == "Dropout":
             b.nodes.append(dropping(b, copy))
@@ -279,6 +284,7 @@ def add_training_forward(b: Builder, model: onnx.ModelProto, prediction: str, lo
         if name in declared and name in names:
             # the loss nodes read the copy's type here: the training graph is the concatenation of both graphs
             graph.value_info.append(helper.make_value_info(names[name], declared[name].type))
+    b.outputs.extend(helper.make_value_info(names[o.name], o.type) for o in graph.output if o.name in names)
     prediction = names.get(prediction, prediction)
     return prediction, (f"output:{names.get(loss_output, loss_output)}" if loss_output else loss)
 

@@ -155,6 +155,44 @@ def test_dropout_drops_in_train_steps_only():
     assert all(abs(loss - undropped) > 1e-3 for loss in losses) and len(set(losses)) == 3
 
 
+@pytest.mark.parametrize("how", ["torchscript-train", "dynamo-eval"])
+def test_a_train_step_returns_the_training_pass_outputs_and_computes_no_eval_forward(how):
+    """A train step returns the inference graph's outputs too. With train_mode they had been an eval-mode forward
+    pass computed beside the training one (whose Dropouts, lacking a training_mode input, dropped as well, so
+    they were neither pass). They are the training pass's now, as `model(x)` in a PyTorch loop under train():
+    PyTorch's train-mode logits before the update (batch statistics), the loss the cross-entropy of those very
+    logits (the same Dropout mask), and the compiled step holds one forward pass, not two."""
+    m = module(dropout=0.5 if how.endswith("train") else 0.0)
+    exported = export(m, how)
+    (x, y), = data(1)
+    engine = onnxtrain.load(onnxtrain.make_trainable(exported, loss="cross_entropy", optimizer="sgd",
+                                                     learning_rate=0.1, train_mode=True))
+    outputs = engine.train_step({"x": x, "target": y})
+    logits = np.asarray(outputs["logits"], np.float64)
+    np.testing.assert_array_equal(logits, np.asarray(outputs["train/logits"]))
+    log_prob = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) \
+        - logits.max(1, keepdims=True)
+    np.testing.assert_allclose(float(outputs["loss"]), -log_prob[np.arange(BATCH), y].mean(), rtol=1e-5)
+    if not how.endswith("train"):  # no Dropout: PyTorch's train-mode forward pass itself
+        with torch.no_grad():
+            expected = m.train()(torch.from_numpy(x)).numpy()
+        m.eval()
+        np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-5)
+        return
+    # without train_mode the train-mode export trains as exported (batch statistics, dropping, no running
+    # statistics): one training forward pass and its gradients, and the step with train_mode computes as much
+    # more as its running statistics' updates, where the eval-mode forward pass added an inference's flops
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "normalize with the batch's statistics ... export ... in eval() mode"
+        plain = onnxtrain.load(onnxtrain.make_trainable(exported, loss="cross_entropy", optimizer="sgd"))
+
+    def flops(e: onnxtrain.Engine, algorithm: int | None = 0) -> float:
+        feeds = {"x": x, "target": y} if algorithm is not None else {"x": x}
+        return e.lower(feeds, algorithm=algorithm).compile().cost_analysis()["flops"]
+
+    assert flops(engine) < flops(plain) + 0.1 * flops(engine, algorithm=None)
+
+
 def test_folded_batch_norm_is_refused_naming_the_export_flags():
     m = module()
     with pytest.raises(OnnxTrainError, match="do_constant_folding=False") as error:
@@ -439,6 +477,7 @@ def test_a_hugging_face_model_s_own_loss_trains_in_train_mode(dropout):
     with torch.no_grad():
         before = reference.eval()(**tensors[0]).loss.item()
     assert abs(float(outputs["train/loss"]) - before) > 1e-4  # dropped
+    np.testing.assert_array_equal(outputs["loss"], outputs["train/loss"])  # the step's `loss` is the training pass's
     history = onnxtrain.fit(engine, batches[1:], steps=2, log_every=1, progress=False)
     assert np.isfinite(history.losses).all()
     onnxtrain.to_torch(engine, reference)
