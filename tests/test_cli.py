@@ -229,7 +229,9 @@ def test_huge_pages_join_the_users_other_tunables(monkeypatch):
 # the model the uninterrupted run writes, bit for bit: -o holds the state, optimizer and step count (written every
 # --checkpoint-every steps, and at a Ctrl-C), and the batches go on where the stopped run was.
 def test_train_stopped_then_run_again_with_resume_ends_as_the_uninterrupted_run(tmp_path):
-    out, steps = tmp_path / "out.onnx", 3000
+    # (enough steps that a run is still going when this process, slow under load, has seen its first checkpoint
+    # and signals it: 3,000 had all run by then once, at 2,400 steps a second)
+    out, steps = tmp_path / "out.onnx", 20000
     args = ["train", MODEL, "--data", DATA, "--steps", steps, "--batch-size", 64, "--checkpoint-every", 100,
             "--resume", "-o", out]
     kept = 0
