@@ -20,7 +20,7 @@ from .optimizers import (  # noqa: F401 (OPTIMIZERS, STEP: API)
 )
 from .dtypes import TRAINING_FLOAT_TYPES
 from .parameters import (  # noqa: F401 (running_statistics: API)
-    recurrent_halves, running_statistics, select_trainable, source_ranks,
+    choose_trainable, recurrent_halves, running_statistics, source_ranks,
 )
 from .reinitialize import reinitialize_weights
 from .train_mode import PREFIX, add_training_forward, warn_of_train_mode_nodes
@@ -434,7 +434,7 @@ def make_trainable(
                       f"by, which loss={loss!r} does not say: its {update.accumulate} micro-batches weigh alike, as "
                       "accumulate_by='micro_batch' (pass it to say so); for one step on their union, train the "
                       "logits with loss='cross_entropy' and prediction=", UserWarning, stacklevel=2)
-    params = select_trainable(result, trainable)
+    params, added = choose_trainable(result, trainable)
     # the update reads each weight's shape and dtype, never its values: zero-stride stand-ins, not a decoded copy
     weights = {t.name: np.broadcast_to(np.zeros((), helper.tensor_dtype_to_np_dtype(t.data_type)), tuple(t.dims))
                for t in graph.initializer}
@@ -443,7 +443,7 @@ def make_trainable(
     shapes = {p: weights[p].shape for p in params}
     # gradients the source model has none of: an embedding's padding row, a Keras LSTM bias's added recurrent half
     zeroed = {table: np.array([[row]]) for table, row in padding_rows(result, params, padding_idx, shapes).items()}
-    halves = recurrent_halves(result, params)
+    halves = recurrent_halves(added)
     add_update(b, params, weights, update, zeroed | halves, source_ranks(graph, shapes), items, loss_value)
     if reinitialize:
         reinitialize_weights(b, graph, params, weights, zeroed | halves)

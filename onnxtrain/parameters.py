@@ -466,6 +466,13 @@ def parameter_names(source: ModelSource, trainable: str | None = None) -> list[s
 def select_trainable(model: onnx.ModelProto, trainable: str | Iterable[str] | None) -> list[str]:
     """The model's parameters (None), those whose names match a regular expression, or exactly the names given;
     warns (ParameterizationWarning) where the exporter changed the parameterisation of the chosen ones."""
+    return choose_trainable(model, trainable)[0]
+
+
+def choose_trainable(model: onnx.ModelProto,
+                     trainable: str | Iterable[str] | None) -> tuple[list[str], dict[str, np.ndarray]]:
+    """select_trainable's names, and the added_recurrent_biases among them: found (and decoded) once, for the
+    warning about an all-zero one and for make_trainable's recurrent_halves."""
     floats = [t.name for t in model.graph.initializer if t.data_type in TRAINING_FLOAT_TYPES]
     records = read_records(model.graph)  # once: the default set and the warnings read them several times
     if isinstance(trainable, str):
@@ -482,8 +489,9 @@ def select_trainable(model: onnx.ModelProto, trainable: str | Iterable[str] | No
         if not chosen:
             raise AuthoringError("trainable: the list of names is empty")
         check_names(model, chosen)
-    warn_about_parameterization(model, chosen, records)
-    return chosen
+    added = added_recurrent_biases(model, set(chosen))
+    warn_about_parameterization(model, chosen, records, added)
+    return chosen, added
 
 
 def attribute_weights(graph: onnx.GraphProto) -> str:
@@ -550,8 +558,10 @@ KEEP_PARAMETERS = "Export with torch.onnx.export(..., dynamo=True, optimize=Fals
 RECURRENCES = frozenset({"LSTM", "GRU", "RNN"})
 
 
-def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str], records: ExportRecords) -> None:
-    """Warn, once per kind, about chosen initializers the exporter merged, untied, broadcast or folded."""
+def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str], records: ExportRecords,
+                                added: Mapping[str, np.ndarray]) -> None:
+    """Warn, once per kind, about chosen initializers the exporter merged, untied, broadcast or folded; `added`:
+    the chosen ones' added_recurrent_biases."""
     used = uses(model.graph)
     arrays = DecodedOnRead({t.name: t for t in model.graph.initializer if t.name in set(chosen)})
     merged, repeated, alike = [], [], defaultdict(list)
@@ -567,7 +577,7 @@ def warn_about_parameterization(model: onnx.ModelProto, chosen: list[str], recor
             repeated.append(f"{n} ({how})")
     untied = [f"{b} is a {how} copy of {a}" for a, b, how in untied_copies(arrays, alike.values())]
     folded = folded_batchnorm(model.graph, set(chosen))
-    absent = [n for n, value in added_recurrent_biases(model, set(chosen)).items() if not np.any(value)]
+    absent = [n for n, value in added.items() if not np.any(value)]
     keep = KEEP_PARAMETERS
     kinds = [
         (", ".join(merged),
@@ -771,13 +781,14 @@ def added_recurrent_biases(model: onnx.ModelProto, chosen: set[str]) -> dict[str
     return found
 
 
-def recurrent_halves(model: onnx.ModelProto, params: list[str]) -> dict[str, np.ndarray]:
-    """{B: the indices of its recurrent half} of each trained B that added_recurrent_biases finds: the source model
-    has one bias b = Wb + Rb, so make_trainable zeroes Rb's gradient (optimizers.zero_parts): Rb stays zero and Wb
-    takes b's whole gradient, as Keras trains b, under every optimizer (Rb's zero gradient leaves its moments and
-    its decay at zero). Trained as two halves, b had moved twice Keras's SGD step."""
+def recurrent_halves(added: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """{B: the indices of its recurrent half} of each trained B of `added` (added_recurrent_biases of the trained
+    ones, as choose_trainable found them): the source model has one bias b = Wb + Rb, so make_trainable zeroes
+    Rb's gradient (optimizers.zero_parts): Rb stays zero and Wb takes b's whole gradient, as Keras trains b, under
+    every optimizer (Rb's zero gradient leaves its moments and its decay at zero). Trained as two halves, b had
+    moved twice Keras's SGD step."""
     return {name: np.argwhere(np.broadcast_to(np.arange(value.shape[-1]) >= value.shape[-1] // 2, value.shape))
-            for name, value in added_recurrent_biases(model, set(params)).items()}
+            for name, value in added.items()}
 
 
 def summary(a: np.ndarray) -> tuple:
