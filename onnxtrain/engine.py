@@ -260,7 +260,9 @@ class Engine:
         self._rebuild: Callable[[Engine], None] | None = operator.methodcaller("_put_stored_state", self.step_count)
         self.lock = threading.RLock()
 
-        self.state_owner = state_owners(model, self.graph, self.algorithms)
+        # the built graphs by owner, as bindings.owner_graphs keys the protos: the state's and the placement's one map
+        graphs = {None: self.graph, **{a.index: a.graph for a in self.algorithms}}
+        self.state_owner = state_owners(model, graphs)
         self.required_inputs, self.optional_inputs = feed_lists([self.graph])
         self._infer_feeds = FeedChecker(self.required_inputs, self.optional_inputs)
         self._train_feeds = [FeedChecker(*feed_lists([self.graph, a.graph]), rows_required=True)
@@ -272,7 +274,6 @@ class Engine:
         # for this engine alone) to the device one at a time: the host never holds a second decoded copy of
         # the weights, at load or after (`reset` decodes the initial state from `model` again). What stays in
         # `initializers` is the static constants the traces read.
-        graphs = {None: self.graph, **{a.index: a.graph for a in self.algorithms}}  # by owner, as state_owner
         owned = set(self.state_owner)
         static = trace_time_reads([n for graph in graphs.values() for n in graph.nodes])
         moving = {owner: [n for n, v in graph.initializers.items() if on_device(n, v, owned, static)]

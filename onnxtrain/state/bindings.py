@@ -6,6 +6,7 @@ Each rule violation raises BindingError naming the TrainingInfoProto, the bindin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import onnx
 
@@ -172,10 +173,10 @@ def initializer_names(graph: onnx.GraphProto) -> set[str]:
     return {t.name for t in graph.initializer} | {s.values.name for s in graph.sparse_initializer}
 
 
-def state_owners(model: onnx.ModelProto, main: Graph, algorithms: list[Algorithm]) -> dict[str, int | None]:
-    """`binding_owners(model)`, for the graphs built from it, refusing a state variable they cannot hold."""
+def state_owners(model: onnx.ModelProto, graphs: Mapping[int | None, Graph]) -> dict[str, int | None]:
+    """`binding_owners(model)`, for the graphs built from it (keyed as owner_graphs keys the protos), refusing a
+    state variable they cannot hold."""
     owners = binding_owners(model)
-    graphs = {None: main, **{a.index: a.graph for a in algorithms}}
     for key, owner in owners.items():
         if graphs[owner].initializers[key].dtype.kind in "OUS":  # else JAX's TypeError when the state goes there
             raise StateError(f"state variable {key!r} is a string tensor: the state lives on the device, "
