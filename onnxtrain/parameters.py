@@ -14,7 +14,7 @@ import re
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import ml_dtypes
 import numpy as np
@@ -314,6 +314,15 @@ FX_CALL = re.compile(r"target=([\w.]+)\]")
 def metadata(proto: onnx.NodeProto | onnx.ValueInfoProto, key: str) -> str:
     """The value `proto`'s metadata_props hold under `key` ("" where they hold none)."""
     return {p.key: p.value for p in proto.metadata_props}.get(key, "")
+
+
+def attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
+    """The node's attribute `name`, `default` where it has none (here, not in train_mode.py, which imports this
+    module: the one reader of a node's attributes for both)."""
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
 
 
 def recorded_call(node: onnx.NodeProto) -> str:
@@ -770,8 +779,8 @@ def added_recurrent_biases(model: onnx.ModelProto, chosen: set[str]) -> dict[str
         return {}
     found = {}
     for node in model.graph.node:
-        before_reset = next((a.i for a in node.attribute if a.name == "linear_before_reset"), 0)
-        if (node.op_type not in ("LSTM", "RNN", "GRU") or (node.op_type == "GRU" and before_reset)
+        if (node.op_type not in ("LSTM", "RNN", "GRU")
+                or (node.op_type == "GRU" and attribute(node, "linear_before_reset", 0))
                 or len(node.input) < 4 or node.input[3] not in chosen or node.input[3] in found):
             continue
         tensor = next((t for t in model.graph.initializer if t.name == node.input[3]), None)

@@ -32,8 +32,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .parameters import metadata
-from .train_mode import NUM_BATCHES_TRACKED, attribute, constant_tensors
+from .parameters import attribute, metadata
+from .train_mode import NUM_BATCHES_TRACKED, constant_tensors
 
 if TYPE_CHECKING:
     from .authoring import Builder

@@ -19,7 +19,7 @@ the batch mean and biased variance) and writes the update as plain ops.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 import onnx
@@ -27,7 +27,7 @@ from onnx import helper, numpy_helper
 
 from .errors import OnnxTrainError
 from .lower.ops.normalization import MIN_VALUES_PER_CHANNEL
-from .parameters import KEEP_BATCH_NORM, metadata
+from .parameters import KEEP_BATCH_NORM, attribute, metadata
 
 if TYPE_CHECKING:
     from .authoring import Builder
@@ -100,14 +100,6 @@ def produced(nodes: list[onnx.NodeProto]) -> set[str]:
             names.update(v.name for v in graph.input)
             names |= produced(list(graph.node))
     return names
-
-
-def attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
-    """The node's attribute `name`, `default` where it has none."""
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
 
 
 def set_attribute(node: onnx.NodeProto, name: str, value) -> None:
