@@ -9,7 +9,7 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import BinaryIO, Callable, Iterable, Iterator, Mapping
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -25,13 +25,17 @@ ModelSource = str | os.PathLike | bytes | onnx.ModelProto
 Kept = Callable[[onnx.ModelProto], Iterable[onnx.TensorProto]] | None  # read_model's `keep`
 
 
-def read_model(source: ModelSource, keep: Kept = None) -> tuple[onnx.ModelProto, Path | None]:
+def read_model(source: ModelSource, keep: Kept = None,
+               opened: tuple[BinaryIO, os.stat_result] | None = None) -> tuple[onnx.ModelProto, Path | None]:
     """Parse `source` and inline its external data; returns the proto and the folder it was read from, resolved
     here once for every external data check (external_data.confined_path). A model given as bytes or a ModelProto
     has no folder, so external data in it is refused (see external_data.py).
     `keep`: the tensors whose external data stays where it is, checked, for an ExternalValues of the folder to
     read: `state_tensors` (those with_state replaces on export), or `every_tensor` (a checkpoint's reader, which
-    needs the state alone, so reads no other weight)."""
+    needs the state alone, so reads no other weight).
+    `opened`: the file at the path `source`, opened and its status (external_data.open_regular_file) by a caller
+    that read its first bytes (store.load_checkpoint, telling a model from an archive): read from its start
+    here, not opened again."""
     if isinstance(source, onnx.ModelProto):
         inline_external_data(source, None)
         return source, None
@@ -48,7 +52,7 @@ def read_model(source: ModelSource, keep: Kept = None) -> tuple[onnx.ModelProto,
         what = f"file {str(path)!r}"
         if not os.path.lexists(path) and (missing := shell_path_hint(str(path))):
             raise ModelLoadError(f"model {what} does not exist: {missing}")
-        data = read_model_file(path, what)
+        data = read_model_file(path, what, opened)
         folder = path.resolve().parent
         if path.suffix == ".data":  # torch.onnx.export's and onnxtrain's external data files end so
             hint = "; it looks like the external data file of a model: load the .onnx file that references it"
@@ -113,13 +117,14 @@ def shell_path_hint(path: str) -> str:
     return ""
 
 
-def read_model_file(path: Path, what: str) -> bytes:
-    """The bytes of a model file: a regular file no larger than a protobuf message can be."""
+def read_model_file(path: Path, what: str, opened: tuple[BinaryIO, os.stat_result] | None = None) -> bytes:
+    """The bytes of a model file: a regular file no larger than a protobuf message can be (`opened`: read_model's)."""
     if "\0" in str(path):
         raise ModelLoadError(f"model path {str(path)!r} contains a NUL byte")
-    file, info = open_regular_file(path, ModelLoadError, f"model {what}")
+    file, info = opened or open_regular_file(path, ModelLoadError, f"model {what}")
     size = info.st_size
     with file:
+        file.seek(0)  # an `opened` file was read from already
         if size > PROTOBUF_LIMIT:
             raise ModelLoadError(
                 f"model {what} has {size} bytes, more than a protobuf message can hold ({PROTOBUF_LIMIT}); "

@@ -281,6 +281,22 @@ def test_load_state_reads_an_export_with_external_data(tmp_path, monkeypatch):
     assert_same_state(host_state(engine), host_state(source))
 
 
+def test_load_state_of_an_export_opens_it_once(tmp_path, monkeypatch):
+    """load_state reads a checkpoint's first bytes to tell an .npz from an exported model, and the model from that
+    same open file: it had opened the file a second time to read the model."""
+    source = trained(2)
+    source.export(tmp_path / "ckpt.onnx")
+    opened = []
+    real_open_if_regular = onnxtrain.external_data.open_if_regular
+    monkeypatch.setattr(onnxtrain.external_data, "open_if_regular",
+                        lambda path: (opened.append(str(path)), real_open_if_regular(path))[1])
+    engine = trained(1)
+    engine.load_state(tmp_path / "ckpt.onnx")
+    assert opened.count(str(tmp_path / "ckpt.onnx")) == 1
+    assert engine.step_count == 2
+    assert_same_state(host_state(engine), host_state(source))
+
+
 def test_load_state_refuses_what_is_not_a_regular_zip_file_without_reading_it(tmp_path):
     """A FIFO blocked np.load forever; /dev/zero and other non-archives got NumPy's advice to allow pickles."""
     engine = trained(1)

@@ -7,7 +7,7 @@ import os
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, BinaryIO, Mapping
 
 import numpy as np
 from numpy.lib.npyio import NpzFile
@@ -74,7 +74,7 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, np.ndarray], int]:
     read as `load` reads one (model.read_model: its external data confined to its folder)."""
     if not isinstance(path, (str, os.PathLike)) or "\0" in str(path):
         raise StateError(f"cannot read state checkpoint {path!r}: not a file path")
-    file, _ = open_regular_file(Path(path), StateError, f"state checkpoint {str(path)!r}")
+    file, info = open_regular_file(Path(path), StateError, f"state checkpoint {str(path)!r}")
     with file:
         if file.read(len(ZIP_MAGIC)) == ZIP_MAGIC:
             file.seek(0)
@@ -84,13 +84,14 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, np.ndarray], int]:
                 raise StateError(f"cannot read state checkpoint {str(path)!r}: {exc}") from exc
             state, meta = read_archive(data, path)
             return state, meta.get("step", 0)
-    return load_exported(Path(path))
+        return load_exported(Path(path), (file, info))  # read from the file opened here, not opened again
 
 
-def load_exported(path: Path) -> tuple[dict[str, np.ndarray], int]:
-    """The state and step count of the model Engine.export wrote at `path` (export.exported_state)."""
+def load_exported(path: Path, opened: tuple[BinaryIO, os.stat_result]) -> tuple[dict[str, np.ndarray], int]:
+    """The state and step count of the model Engine.export wrote at `path` (export.exported_state), `opened` by
+    load_checkpoint."""
     try:
-        model, folder = read_model(path, keep=every_tensor)
+        model, folder = read_model(path, keep=every_tensor, opened=opened)
     except ExternalDataError as exc:
         raise StateError(f"state checkpoint {str(path)!r} is damaged: {exc}") from exc
     except ModelLoadError as exc:
