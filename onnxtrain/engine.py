@@ -55,7 +55,7 @@ from .lower.layout import KernelLast, kernel_only_weights
 from .lower.ops.training import REMAT_MODES
 from .model import ModelSource, StateFile, check_model, read_model, state_tensors
 from .placement import Placement, host_array
-from .program import Program, tracing
+from .program import Program, raised_in_trace, tracing
 from . import steps
 from .state.bindings import Algorithm, parse_training_info, state_owners
 from .state.store import load_checkpoint, save_npz
@@ -176,6 +176,8 @@ def check_matmul_precision(precision: Any, device: jax.Device, mixed_precision: 
 # or TypeError from a rule that refuses its operands. They come before the launch, so nothing ran; an op's own
 # lowering failing in the trace is already a NodeError naming its node (lower/walker.py), and onnxtrain's errors
 # are none of these types. They had come out of train_step and infer as they were, not as the documented StepError.
+# One raised in the trace outside any node (program.raised_in_trace) is a bug of onnxtrain's: it comes out as itself,
+# not as the model's program failing to lower.
 LOWERING_ERRORS = (NotImplementedError, ValueError, TypeError)
 
 
@@ -446,6 +448,8 @@ class Engine:
             try:
                 _, outputs = self._infer(self._state, self._main_consts, self._key, feeds=checked)
             except LOWERING_ERRORS as exc:
+                if raised_in_trace(exc):
+                    raise
                 raise lowering_failure("infer", exc) from exc
         return {name: outputs[name] for name in self._output_names}
 
@@ -485,6 +489,8 @@ class Engine:
                     raise StepError(f"{self._this_step(algorithm)} failed while running ({self._recover()}): "
                                     f"{first_line(exc)}") from exc
                 except LOWERING_ERRORS as exc:
+                    if raised_in_trace(exc):  # before anything ran, as a NodeError: the state is as it was
+                        raise
                     raise lowering_failure(self._this_step(algorithm), exc, f" ({self._recover()})") from exc
                 if first and signature is not None:
                     self._ran.add((algorithm, signature))

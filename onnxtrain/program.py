@@ -230,6 +230,17 @@ def temporaries(executable: jax.stages.Compiled) -> int:
     return 0 if analysis is None else analysis.temp_size_in_bytes
 
 
+# Marks an exception raised by a program's body while JAX traced it, not by JAX's lowering or compile after: a
+# model's node failing there is a NodeError already (lower/walker.py), so a plain TypeError or ValueError from the
+# trace is a bug of onnxtrain's, which the engine lets through as itself instead of blaming the model's program
+RAISED_IN_TRACE = "_onnxtrain_raised_in_trace"
+
+
+def raised_in_trace(exc: BaseException) -> bool:
+    """Whether `exc` came out of a program's trace (see RAISED_IN_TRACE)."""
+    return getattr(exc, RAISED_IN_TRACE, False)
+
+
 MANY_SIGNATURES = 8  # compiles of one program after which its caller is told how to stop them (count_trace)
 
 
@@ -295,8 +306,12 @@ class Program:
         program = weakref.proxy(self)
 
         def traced(constants, *arrays):
-            with tracing(program.matmul_precision, program.platform), hoisting(constants):
-                state, outputs = program.body(*arrays, static)
+            try:
+                with tracing(program.matmul_precision, program.platform), hoisting(constants):
+                    state, outputs = program.body(*arrays, static)
+            except Exception as exc:  # jax.jit re-raises this very object
+                setattr(exc, RAISED_IN_TRACE, True)
+                raise
             program.count_trace()  # counted once complete: a trace that stops to specialise a feed is not one
             host = {n: v for n, v in outputs.items() if host_only(v)}
             program.host_outputs[key] = host

@@ -181,3 +181,34 @@ def test_a_program_jax_cannot_lower_is_a_step_error_and_the_state_stays(monkeypa
     assert engine.step_count == 3
     np.testing.assert_allclose(np.asarray(engine.state["W"]), w, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(engine.infer({"X": feeds["X"]})["Y"]), feeds["X"] @ w, rtol=1e-5)
+
+
+def test_a_type_error_of_onnxtrain_in_the_trace_comes_out_as_itself(monkeypatch):
+    """A TypeError raised while a program is traced, outside any node (the walker makes a node's a NodeError), is a
+    bug of onnxtrain's, not the model's program failing to lower: train_step and infer raise it as itself (it had
+    been a StepError blaming JAX's lowering); nothing ran, so the state is as before and training goes on."""
+    import onnxtrain.steps
+
+    engine = onnxtrain.load(matmul_sgd(0.1))
+    for program in (engine._infer, engine._train[0]):
+        program.store = lambda: None  # traced here, not read from an earlier process's store
+    x = np.array([[1.0, 2.0], [3.0, -1.0]], np.float32)
+    feeds = {"X": x, "target": x @ np.array([[1.0], [-3.0]], np.float32)}
+    bug = TypeError("a bug of onnxtrain's")
+
+    def check_outputs(*args):
+        raise bug
+
+    real_check_outputs = onnxtrain.steps.check_outputs
+    monkeypatch.setattr(onnxtrain.steps, "check_outputs", check_outputs)
+    for call in (lambda: engine.train_step(feeds), lambda: engine.infer({"X": x})):
+        with pytest.raises(TypeError) as raised:
+            call()
+        assert raised.value is bug
+    assert engine.step_count == 0
+    np.testing.assert_array_equal(np.asarray(engine.state["W"]), np.zeros((2, 1)))
+    monkeypatch.setattr(onnxtrain.steps, "check_outputs", real_check_outputs)
+    engine.train_step(feeds)
+    w = 0.1 * x.T @ (2 * feeds["target"] / feeds["target"].size)  # SGD's first step from W = 0 on the MSE
+    assert engine.step_count == 1
+    np.testing.assert_allclose(np.asarray(engine.state["W"]), w, rtol=1e-5)
