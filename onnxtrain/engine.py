@@ -315,6 +315,7 @@ class Engine:
                                       self.mixed_precision, remat)
         self._infer = self._infer_program()
         self._train = [self._train_program(k) for k in range(len(self.algorithms))]
+        self._copied = [tuple(steps.copied_outputs(self._model, k).items()) for k in range(len(self.algorithms))]
         self._init = self._init_program()
 
     def _put(self, name: str, value: np.ndarray) -> jax.Array:
@@ -498,6 +499,8 @@ class Engine:
                 self._rebuild = None
                 self._step_behind |= not self._notes[algorithm]["draws"]
                 self.step_count += 1
+        for name, copy in self._copied[algorithm]:  # the step returned each once (steps.copied_outputs)
+            outputs[copy] = outputs[name]
         return outputs
 
     def _this_step(self, algorithm: int) -> str:

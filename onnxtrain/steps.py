@@ -90,17 +90,30 @@ def train_step(model: StepModel, k: int, state: Mapping[str, Any], step: Any, co
     check_outputs(algorithm.graph, values, sizes)
     # An output bound to state is the new state itself; returning it again would cost a copy per step.
     bound = set(algorithm.update_binding.values())
-    # an inference output NAME whose train-mode copy PREFIX + NAME the algorithm outputs (make_trainable's
-    # train_mode) is returned as the copy: the training pass's value, as a PyTorch loop's outputs in train(), and
-    # the eval-mode forward pass, whose value nothing else reads, is not computed at all
-    copies = {o.name for o in algorithm.graph.outputs if o.name.startswith(PREFIX)}
-    outputs = {o.name: values[PREFIX + o.name if PREFIX + o.name in copies else o.name]
-               for o in model.graph.outputs + algorithm.graph.outputs if o.name not in bound}
+    # an inference output NAME whose train-mode copy the algorithm outputs is returned as the copy (copied_outputs),
+    # once: the caller adds it under the copy's name too
+    copies = copied_outputs(model, k)
+    outputs = {o.name: values[copies.get(o.name, o.name)]
+               for o in model.graph.outputs + algorithm.graph.outputs
+               if o.name not in bound and o.name not in copies.values()}
     new_state = assign(state, algorithm.update_binding, {n: values[n] for n in bound},
                        f"training_info[{k}].update_binding")
     # the count only seeds random streams: a step that draws none leaves it as it is (one kernel less)
     draws = trace.draws.any
     return StepResult(model.keep_layout(new_state), step + 1 if draws else step, outputs, draws)
+
+
+def copied_outputs(model: StepModel, k: int) -> dict[str, str]:
+    """{NAME: PREFIX + NAME} for each inference output NAME whose train-mode copy training_info[k]'s algorithm
+    outputs (make_trainable's train_mode): a train step returns the copy under both names, the training pass's
+    value, as a PyTorch loop's outputs in train() (the eval-mode forward pass, whose value nothing else reads, is
+    not computed at all). train_step returns it under NAME alone and the engine adds the other name after the
+    call: a value a jitted function returns twice is two buffers, an LM's logits copied once more a step."""
+    algorithm = model.algorithms[k]
+    bound = set(algorithm.update_binding.values())
+    outputs = {o.name for o in algorithm.graph.outputs if o.name.startswith(PREFIX) and o.name not in bound}
+    return {o.name: PREFIX + o.name for o in model.graph.outputs
+            if PREFIX + o.name in outputs and o.name not in bound}
 
 
 def init(model: StepModel, state: Mapping[str, Any], key: Any) -> dict[str, Any]:

@@ -193,6 +193,27 @@ def test_a_train_step_returns_the_training_pass_outputs_and_computes_no_eval_for
     assert flops(engine) < flops(plain) + 0.1 * flops(engine, algorithm=None)
 
 
+def test_a_train_step_returns_the_training_pass_outputs_once_from_its_executable():
+    """A train step returns each training-pass output under its name and under the copy's, `train/NAME`. The step
+    had returned the one value under both names from its jitted function, which XLA gives two buffers (a copy a
+    step: an LM's logits, its largest output, twice in memory); the engine now adds the second name itself. The
+    values are PyTorch's train-mode forward pass, and the executable's outputs hold them once beside the state."""
+    m = batch_norm_1d()
+    x, y = rows(512, 0)  # logits of 10 kB, the state's weights and statistics under 1 kB
+    engine = onnxtrain.load(onnxtrain.make_trainable(exported_rows(m, 512, dynamo=True, optimize=False), loss="cross_entropy", optimizer="sgd",
+                                                     learning_rate=0.1, train_mode=True))
+    feeds = {"x": x, "target": y}
+    output_bytes = engine.lower(feeds, 0).compile().memory_analysis().output_size_in_bytes
+    state_bytes = sum(np.asarray(v).nbytes for v in engine.state.values())
+    outputs = engine.train_step(feeds)
+    with torch.no_grad():
+        expected = m.train()(torch.from_numpy(x)).numpy()
+    m.eval()
+    np.testing.assert_allclose(np.asarray(outputs["logits"]), expected, rtol=1e-5, atol=1e-6)
+    assert output_bytes - state_bytes < 1.5 * expected.nbytes, (output_bytes, state_bytes, expected.nbytes)
+    assert outputs["train/logits"] is outputs["logits"]
+
+
 def test_folded_batch_norm_is_refused_naming_the_export_flags():
     m = module()
     with pytest.raises(OnnxTrainError, match="do_constant_folding=False") as error:
