@@ -200,8 +200,9 @@ def test_a_train_step_returns_the_training_pass_outputs_once_from_its_executable
     values are PyTorch's train-mode forward pass, and the executable's outputs hold them once beside the state."""
     m = batch_norm_1d()
     x, y = rows(512, 0)  # logits of 10 kB, the state's weights and statistics under 1 kB
-    engine = onnxtrain.load(onnxtrain.make_trainable(exported_rows(m, 512, dynamo=True, optimize=False), loss="cross_entropy", optimizer="sgd",
-                                                     learning_rate=0.1, train_mode=True))
+    exported = exported_rows(m, 512, dynamo=True, optimize=False)
+    engine = onnxtrain.load(onnxtrain.make_trainable(exported, loss="cross_entropy", optimizer="sgd", learning_rate=0.1,
+                                                     train_mode=True))
     feeds = {"x": x, "target": y}
     output_bytes = engine.lower(feeds, 0).compile().memory_analysis().output_size_in_bytes
     state_bytes = sum(np.asarray(v).nbytes for v in engine.state.values())
