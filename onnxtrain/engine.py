@@ -424,10 +424,12 @@ class Engine:
 
     def check_feeds(self, feeds: Mapping[str, Any], algorithm: int | None = None) -> dict[str, Any]:
         """Validate feeds for `infer` (algorithm None) or for `train_step(algorithm=k)`; FeedError if wrong."""
-        if algorithm is None:
-            return self._infer_feeds(feeds)
+        return (self._infer_feeds if algorithm is None else self._train_feed_checker(algorithm))(feeds)
+
+    def _train_feed_checker(self, algorithm: int) -> FeedChecker:
+        """`train_step(algorithm=k)`'s FeedChecker, once `algorithm` is checked (StateError if it is none)."""
         self.check_algorithm(algorithm)
-        return self._train_feeds[algorithm](feeds)
+        return self._train_feeds[algorithm]
 
     def check_algorithm(self, algorithm: int) -> None:
         """StateError unless `algorithm` indexes one of the model's TrainingInfoProtos."""
@@ -466,8 +468,7 @@ class Engine:
         or `init` (the state is then rebuilt as they made it: no copy of the weights is needed at the very
         first step, where memory peaks). Later steps donate the state buffers and run asynchronously; one that
         fails at run time (the device failing, memory taken by something else) loses the state."""
-        self.check_algorithm(algorithm)
-        checked, signature = self._train_feeds[algorithm].checked(feeds)
+        checked, signature = self._train_feed_checker(algorithm).checked(feeds)
         checked = self._placement.feeds(checked, self._declared)
         with self.lock:
             (state, step), *constants = self._train_arguments(algorithm)
