@@ -665,7 +665,7 @@ def folded_sources(graph: onnx.GraphProto) -> dict[str, list[str]]:
 
 @dataclass(frozen=True)
 class ExportRecords:
-    """The dynamo exporter's records in a graph, read once per select_trainable (each rule reads them again):
+    """The dynamo exporter's records in a graph, read once per choose_trainable (each rule reads them again):
     each node of the main graph with its Record, what the optimizer folded each value from (`folded`:
     folded_sources), and `made_in_forward`, those of them folded from tensors the source model made in forward
     alone (constant_sources): PatchTST's scaler divides by clamp_min(ones_like(x).sum(1), 1), x's shape folded
@@ -779,7 +779,7 @@ def added_recurrent_biases(model: onnx.ModelProto, chosen: set[str]) -> dict[str
         return {}
     found = {}
     for node in model.graph.node:
-        if (node.op_type not in ("LSTM", "RNN", "GRU")
+        if (node.op_type not in RECURRENCES
                 or (node.op_type == "GRU" and attribute(node, "linear_before_reset", 0))
                 or len(node.input) < 4 or node.input[3] not in chosen or node.input[3] in found):
             continue

@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .parameters import attribute, metadata
+from .parameters import RECURRENCES, attribute, metadata
 from .train_mode import NUM_BATCHES_TRACKED, constant_tensors
 
 if TYPE_CHECKING:
@@ -247,7 +247,7 @@ RULES: dict[tuple[str, int], Callable[[Reading], Draw | None]] = {
     **{(op, 2): lambda r: ZEROS for op in NORMALIZATIONS if op != "RMSNormalization"},
     ("Mul", 0): decomposed_scale,
     ("Mul", 1): decomposed_scale,
-    **{(op, index): recurrent for op in ("LSTM", "GRU", "RNN") for index in (1, 2, 3)},
+    **{(op, index): recurrent for op in RECURRENCES for index in (1, 2, 3)},
 }
 
 
