@@ -12,7 +12,7 @@ from ..autocast import low_precision, product_result
 from ..registry import register
 from ..target import target_platform
 from ..values import Array
-from .elementwise import broadcast_in_float32
+from .elementwise import BINARY
 
 
 def matmul(a: Array, b: Array) -> Array:
@@ -77,7 +77,7 @@ def gemm(
     if alpha != 1:
         y = y * alpha
     if c is not None and beta != 0:  # as BLAS: with beta = 0, C is not read (its NaNs do not leak in)
-        y = broadcast_in_float32(jnp.add)(y, c * beta if beta != 1 else c)  # a bias's gradient sums in float32
+        y = BINARY["Add"](y, c * beta if beta != 1 else c)  # ONNX's Add: a bias's gradient sums in float32
     return y.astype(dtype)  # integer Gemm with a fractional alpha/beta stays integer
 
 
