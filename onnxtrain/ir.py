@@ -62,29 +62,54 @@ class Graph:
     nodes: tuple[Node, ...]
 
 
+# Values a node reads through attributes, by name, beside its inputs: the training domain's Gradient
+# differentiates `y` with respect to `xs` (and `zs`) by tracing again the nodes between them, so it needs y's
+# whole forward slice, which no input of its names (its inputs are the values of xs and zs alone)
+NAMED_READS = {("ai.onnx.preview.training", "Gradient"): ("xs", "y", "zs")}
+
+
+def reads(node: Node) -> set[str]:
+    """Every value name a node reads: its inputs, the outer-scope names its subgraphs read (a dependency through
+    an If/Loop body counts), and the names NAMED_READS lists among its attributes."""
+    names = {n for n in node.inputs if n} | free_names(node)
+    for attribute in NAMED_READS.get((node.domain, node.op_type), ()):
+        value = node.attributes.get(attribute, ())
+        names.update(n for n in ([value] if isinstance(value, str) else value) if n)
+    return names
+
+
 def free_names(node: Node) -> set[str]:
-    """Outer-scope names a node's subgraphs read (so a dependency through an If/Loop body counts)."""
+    """Outer-scope names a node's subgraphs read."""
     names: set[str] = set()
     for value in node.attributes.values():
         for graph in value if isinstance(value, list) else [value]:
             if isinstance(graph, Graph):
                 defined = {i.name for i in graph.inputs} | set(graph.initializers)
                 for inner in graph.nodes:
-                    names.update(n for n in inner.inputs if n and n not in defined)
-                    names.update(free_names(inner) - defined)
+                    names.update(reads(inner) - defined)
                     defined.update(inner.outputs)
     return names
 
 
 def readers(nodes: Sequence[Node], positions: Iterable[int] | None = None) -> dict[str, list[int]]:
-    """Value name -> the positions (among `positions`, default all) of the nodes reading it, as an input or from
-    inside a subgraph; each position once."""
+    """Value name -> the positions (among `positions`, default all) of the nodes reading it (`reads`); each
+    position once."""
     found: dict[str, list[int]] = {}
     for i in range(len(nodes)) if positions is None else positions:
-        for name in {*nodes[i].inputs, *free_names(nodes[i])}:
-            if name:
-                found.setdefault(name, []).append(i)
+        for name in reads(nodes[i]):
+            found.setdefault(name, []).append(i)
     return found
+
+
+def live(nodes: Sequence[Node], needed: Iterable[str]) -> tuple[Node, ...]:
+    """The nodes that compute a value of `needed`, or a value such a node reads (`reads`), in their order: what a
+    trace that reads `needed` alone must walk."""
+    wanted, kept = set(needed), []
+    for node in reversed(nodes):
+        if not wanted.isdisjoint(node.outputs):
+            kept.append(node)
+            wanted |= reads(node)
+    return tuple(reversed(kept))
 
 
 def producer(nodes: Sequence[Node], before: int, name: str) -> int | None:

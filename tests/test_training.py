@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import onnxtrain
+from onnxtrain.steps import main_nodes_read
 from training_models import linear_regression
 
 RNG = np.random.default_rng(0)
@@ -184,6 +185,43 @@ def test_second_order_gradient():
     out = engine.train_step({})
     np.testing.assert_allclose(np.asarray(out["G"]), 3 * w**2, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(out["H"]), 6 * w, rtol=1e-6)
+
+
+def test_gradient_of_a_value_only_its_y_attribute_names():
+    """A train step walks the main graph's nodes it reads alone (ir.live). Gradient names what it differentiates in
+    its attributes, not its inputs: here y is a main-graph value that no input and no output reads, whose nodes the
+    step walks all the same (H, the output, needs none of them). Checked against the hand-derived gradient, and an
+    unread main-graph node (R) is left out."""
+    from onnx import TensorProto, helper
+
+    from training_models import TRAINING, model, tensor, vi
+
+    x = RNG.normal(size=(4, 3)).astype(np.float32)
+    w = RNG.normal(size=(3, 2)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["X", "W"], ["H"]),
+            helper.make_node("Mul", ["H", "H"], ["S"]),
+            helper.make_node("ReduceSum", ["S"], ["L"], keepdims=0),
+            helper.make_node("Relu", ["H"], ["R"]),  # read by nothing
+        ],
+        "squares", [vi("X", TensorProto.FLOAT, [4, 3])], [vi("H", TensorProto.FLOAT, [4, 2])], [tensor("W", w)],
+    )
+    algorithm = helper.make_graph(
+        [
+            helper.make_node("Gradient", ["W"], ["dW"], domain=TRAINING, xs=["W"], y="L"),
+            helper.make_node("Mul", ["LR", "dW"], ["step"]),
+            helper.make_node("Sub", ["W", "step"], ["W_new"]),
+        ],
+        "sgd", [], [vi("W_new", TensorProto.FLOAT, [3, 2])], [tensor("LR", np.float32(0.1))],
+    )
+    engine = onnxtrain.load(model(graph, [helper.make_training_info(algorithm, [("W", "W_new")], None, None)]))
+    walked = [node.op_type for node in main_nodes_read(engine._model, 0, {})]
+    assert walked == ["MatMul", "Mul", "ReduceSum"]
+    out = engine.train_step({"X": x})
+    h = x.astype(np.float64) @ w
+    np.testing.assert_allclose(np.asarray(out["H"]), h, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(engine.state["W"]), w - 0.1 * x.T @ (2 * h), rtol=1e-5, atol=1e-6)
 
 
 def random_init_model(seed_attr: float | None = None):

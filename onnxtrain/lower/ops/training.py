@@ -12,7 +12,7 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from ...dtypes import HALF_FLOAT_DTYPES, is_float
 from ...errors import NodeError
-from ...ir import free_names, readers
+from ...ir import readers, reads
 from ..axes import wrap_indices
 from ..sparse_update import SparseRows, lookups, tapped
 from ..walker import NodeContext, Scope, run_node
@@ -32,7 +32,7 @@ def differentiated_slice(ctx: NodeContext, sources: set[str], y: str) -> list[in
     for i, node in enumerate(nodes):
         if any(o in sources for o in node.outputs):
             continue
-        if any(name in reached for name in node.inputs) or any(name in reached for name in free_names(node)):
+        if not reached.isdisjoint(reads(node)):
             downstream.append(i)
             reached.update(o for o in node.outputs if o)
     needed, result = {y}, []
@@ -40,8 +40,7 @@ def differentiated_slice(ctx: NodeContext, sources: set[str], y: str) -> list[in
         node = nodes[i]
         if any(o in needed for o in node.outputs):
             result.append(i)
-            needed.update(n for n in node.inputs if n)
-            needed.update(free_names(node))
+            needed.update(reads(node))
     return sorted(result)
 
 
@@ -134,7 +133,7 @@ def segments(nodes: Sequence, positions: list[int]) -> list[list[int]]:
     last_read: dict[str, int] = {}
     for k, i in enumerate(positions):
         node = nodes[i]
-        for name in [*node.inputs, *free_names(node)]:
+        for name in reads(node):
             if name in made:
                 last_read[name] = k
         made.update((o, k) for o in node.outputs if o)
@@ -224,13 +223,13 @@ def run_segment(ctx: NodeContext, segment: list[int], scope: Scope) -> None:
     """Run the nodes at `segment` so that the backward pass recomputes their values from the segment's inputs
     instead of keeping them (load(remat=True)). Values computed at trace time (shapes) do not depend on the
     inputs and stay static: they leave the recomputed function beside it, not through it."""
-    reads: dict[str, object] = {}
+    outer: dict[str, object] = {}
     made: set[str] = set()
     for i in segment:
         node = ctx.siblings[i]
-        for name in [*node.inputs, *free_names(node)]:
-            if name and name not in made and name in scope.values and not is_static(scope.values[name]):
-                reads[name] = scope.values[name]
+        for name in reads(node):
+            if name not in made and name in scope.values and not is_static(scope.values[name]):
+                outer[name] = scope.values[name]
         made.update(o for o in node.outputs if o)
     static: dict[str, object] = {}
 
@@ -242,7 +241,7 @@ def run_segment(ctx: NodeContext, segment: list[int], scope: Scope) -> None:
         static.update((n, v) for n, v in computed.items() if is_static(v))
         return {n: v for n, v in computed.items() if not is_static(v)}
 
-    scope.values.update(rematerialized(run)(reads))
+    scope.values.update(rematerialized(run)(outer))
     scope.values.update(static)
 
 
