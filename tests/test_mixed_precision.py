@@ -16,6 +16,7 @@ from onnx.reference import ReferenceEvaluator
 
 import onnxtrain
 from onnxtrain.errors import OptionError
+from onnxtrain.program import YNNPACK_WITH_CONVOLUTION, convolution_options, known_options
 from training_models import linear_regression
 
 torch = pytest.importorskip("torch")
@@ -81,13 +82,61 @@ def test_products_compute_on_bfloat16_operands_and_return_their_rounded_product(
 
 
 def test_on_the_cpu_a_convolution_stays_float32():
-    """XLA-CPU's bfloat16 convolutions run slower than its float32 ones (lower/ops/conv.py), so on the CPU a
-    convolution under mixed precision is the reference evaluator's float32 one, not a product of rounded
-    operands (traced for a GPU it is: test_traced_for_a_gpu_a_convolution_...)."""
+    """XLA-CPU converts bfloat16 convolutions to float32 ones (lower/ops/conv.py), so on the CPU a convolution
+    under mixed precision that XLA computes is the reference evaluator's float32 one, not a product of rounded
+    operands (traced for a GPU it is: test_traced_for_a_gpu_a_convolution_...; a product of patches is:
+    test_on_the_cpu_a_patches_convolution_...)."""
     model, x = list(cases(np.random.default_rng(3)))[3]
     y = np.asarray(onnxtrain.load(model, mixed_precision="bfloat16").infer({"X": x})["Y"])
     (expected,) = ReferenceEvaluator(model).run(None, {"X": x})
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attributes", [
+    ((1, 16, 8, 8), (8, 16, 3, 3), {"strides": [2, 2], "pads": [1, 1, 0, 0]}),  # strided, padded on one side
+    ((2, 32, 5, 5), (6, 32, 1, 1), {}),  # 1x1 (past the few-channel ones computed as multiply-adds)
+    ((1, 256, 5, 5), (4, 256, 3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}),  # deep, few positions
+], ids=["strided", "1x1", "deep-dilated"])
+def test_on_the_cpu_a_patches_convolution_and_its_gradients_are_products_of_bfloat16_operands(
+        x_shape, w_shape, attributes):
+    """The dense convolutions XLA-CPU computes as one product of their patches (lower/ops/conv.py's
+    prefers_patches) compute it and both its gradient products on bfloat16 operands in YNNPACK's dot: the output
+    is PyTorch's float64 convolution of the rounded input and kernel (plus the float32 bias), the input's gradient
+    its transposed convolution of the rounded output gradient and kernel, the kernel's the product of the rounded
+    input and output gradient, each accumulated in float32; compiled with the options of both of the engine's
+    plans (lower/program.py: YNNPACK's fusions differ between them)."""
+    jax = pytest.importorskip("jax")
+    rng = np.random.default_rng(11)
+    normal = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
+    w, b, x = normal(*w_shape), normal(w_shape[0]), normal(*x_shape)
+    pads = attributes.get("pads", [0, 0, 0, 0])  # ONNX's: the begins, then the ends
+
+    def convolution(x, w):  # PyTorch's float64 convolution, padded as ONNX pads
+        padded = torch.nn.functional.pad(x, (pads[1], pads[3], pads[0], pads[2]))
+        return torch.nn.functional.conv2d(padded, w, stride=attributes.get("strides", 1),
+                                          dilation=attributes.get("dilations", 1))
+
+    full = convolution(torch.from_numpy(x).double(), torch.from_numpy(w).double()).numpy()
+    node = helper.make_node("Conv", ["X", "W", "B"], ["Y"], **attributes)
+    model = product_model(node, list(x_shape), {"W": w, "B": b}, list(full.shape))
+    fn, params = onnxtrain.load(model, mixed_precision="bfloat16").jax_function()
+    cotangent = normal(*full.shape)
+
+    def outputs(p, x):
+        gradients = jax.grad(lambda p, x: (fn(p, {"X": x})["Y"] * cotangent).sum(), argnums=(0, 1))(p, x)
+        return fn(p, {"X": x})["Y"], gradients
+
+    xt, wt = (torch.from_numpy(rounded(v)).double().requires_grad_() for v in (x, w))
+    product = convolution(xt, wt)
+    product.backward(torch.from_numpy(rounded(cotangent)).double())
+    # the one-block plan's options, the plan in heaps'
+    for options in (convolution_options(), convolution_options() | known_options(YNNPACK_WITH_CONVOLUTION)):
+        y, (grads, grad_x) = jax.jit(outputs).lower(params, x).compile(compiler_options=options)(params, x)
+        y = np.asarray(y) - b[:, None, None]
+        for value, expected in ((y, product), (grad_x, xt.grad), (grads["W"], wt.grad)):
+            expected = expected.detach().numpy()
+            np.testing.assert_allclose(np.asarray(value), expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
+        assert np.max(np.abs(full - y)) > 1e-3  # bfloat16's rounding shows at this size: not float32's convolution
 
 
 @pytest.mark.parametrize("index", range(2), ids=["matmul", "gemm"])

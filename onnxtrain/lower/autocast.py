@@ -3,8 +3,9 @@
 The float32 matrix products (MatMul, Gemm, Einsum, Conv, ConvTranspose, the two products of Attention) read
 their operands rounded to the compute type, accumulate in float32 (`preferred_element_type`) and return their
 result rounded to the compute type and widened to float32 (`product_result`), so every ONNX value keeps its
-declared float32 type (a convolution stays float32 on the CPU and on a GPU returns the compute type, converted to
-float32 right after: lower/ops/conv.py says why). The weights therefore stay float32 (the
+declared float32 type (on a GPU a convolution returns the compute type, converted to float32 right after; on the
+CPU one XLA computes stays float32, and one computed as a product of its patches under bfloat16 reads rounded
+operands and returns its float32 accumulation: lower/ops/conv.py says why). The weights therefore stay float32 (the
 master copy: the rounding's gradient hands a float32 gradient back to the weight), and so do their gradients and
 the optimizer state.
 Everything else (softmax, normalizations, losses, reductions, the optimizer) computes in float32, as under
@@ -120,8 +121,17 @@ def low_precision(*operands: Any) -> tuple[tuple, Any]:
     type, with float32 to accumulate in and return (the product's `preferred_element_type`). Unchanged, with
     None, otherwise: mixed precision off, an operand that is not float32 (float64, integers, already half), or
     constants alone (folded at load in float32, and so here as well)."""
+    dtype = compute_dtype(*operands)
+    if dtype is None:
+        return operands, None
+    return tuple(jnp.asarray(x).astype(dtype) for x in operands), jnp.float32
+
+
+def compute_dtype(*operands: Any) -> Any:
+    """The type low_precision rounds these product operands to (None: it leaves them as they are), for a product
+    that rounds them itself, later (lower/ops/conv.py's patches)."""
     precision = _ACTIVE.get()
     if (precision is None or is_static(*operands)
             or any(jnp.result_type(x) != jnp.float32 for x in operands)):
-        return operands, None
-    return tuple(jnp.asarray(x).astype(precision.dtype) for x in operands), jnp.float32
+        return None
+    return precision.dtype

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..autocast import low_precision
+from ..autocast import compute_dtype, low_precision
 from ..layout import (
     CHANNELS_LAST, ChannelsLast, Grid, KernelLast, channels_first, channels_last, kernel_last, kernel_last_axes,
     strided,
@@ -80,10 +80,10 @@ def convolve(
     if dense and cpu and prefers_patches(x.shape, last, geometry, constant=stored_last):
         return ChannelsLast(biased(patches_convolution(x, w.data if stored_last else w, last, stored_last, geometry)))
     w = kernel_last(w)
-    # Under mixed precision a convolution computes in the compute type, except on the CPU: there XLA's bfloat16
-    # convolutions, and products of their patches, ran slower than its float32 ones (ResNet-18's train step
-    # 1.21-1.26x the float32 one, MobileNetV3-small's 1.02-1.12x; with the convolutions left in float32,
-    # 0.98-1.0x), so rounding there would cost both precision and time. (PyTorch's autocast runs them on AMX.)
+    # Under mixed precision a convolution computes in the compute type, except on the CPU: there XLA converts
+    # bfloat16 convolutions to float32 ones (Eigen's, YNNPACK's and oneDNN's alike, jaxlib 0.10.2), so rounding
+    # would cost precision and time (ResNet-18's train step 1.21-1.26x the float32 one, MobileNetV3-small's
+    # 1.02-1.12x); only a product of patches computes in bfloat16 there (rounded_patches_product).
     if accumulate is None and not cpu:
         (x, w), accumulate = low_precision(x, w)
         if accumulate is not None and target_platform() == "gpu":
@@ -161,7 +161,11 @@ def patches_convolution(x, kernel, last, stored_last: bool, geometry: Geometry):
     (more outputs than half the positions) is read as ONNX stores it, against patches of (I, taps) columns, so
     neither it nor its gradient is transposed (ResNet-18's 512-channel layers: 0.37x the time of the taps-major
     form); otherwise the patches are taps-major, the cheaper layout to build (0.47-0.84x), against the kernel as
-    (taps x I, O)."""
+    (taps x I, O). Under bfloat16 mixed precision an ONNX-ordered kernel's product is rounded_patches_product
+    (a first layer's excepted); a constant kernel, stored taps-major, keeps the float32 product."""
+    compute = None if stored_last else compute_dtype(x, kernel)
+    if compute == jnp.bfloat16 and last.shape[-2] > PATCHES_FEW_CHANNELS:
+        return rounded_patches_product(x, kernel, geometry, compute)
     views = [view for _, view in _shallow_views(x, last, geometry, None)]
     positions, outputs = views[0].shape[:-1], last.shape[-1]
     if not stored_last and 2 * outputs >= math.prod(positions):
@@ -171,6 +175,55 @@ def patches_convolution(x, kernel, last, stored_last: bool, geometry: Geometry):
         patches, matrix, contract = jnp.concatenate(views, axis=-1), taps_major.reshape(-1, outputs), 0
     y = lax.dot_general(patches.reshape(math.prod(positions), -1), matrix, (((1,), (contract,)), ((), ())))
     return y.reshape(*positions, outputs)
+
+
+# Under bfloat16 mixed precision on the CPU a product of patches and both its gradient products run on bfloat16
+# operands with float32 accumulation (YNNPACK's dot, avx512_bf16), where XLA's convolutions are float32 ones:
+# forward and both gradients ÷ the float32 patches product, one process on 2 cores, ResNet-18's 3x3 over 128-512
+# channels (strided or not) 0.58-0.67x, its strided 1x1 ones 0.63-1.07x, the strided 3x3 over 64 channels
+# 0.87x, MobileNetV3-small's 1x1 ones 0.55-1.13x; its train step 0.84-0.88x the one with these products in
+# float32 (three runs), MobileNetV3-small's 0.98x (0.91-1.20 per round). A first layer's (3 channels, 7x7) 1.6-1.7x: it
+# stays float32. XLA-CPU keeps a bfloat16 product only where each operand contracts its minor axis (else it
+# converts both to float32): the kernel is read as ONNX stores it, against patches of (I, taps) columns (rounding
+# a taps-major copy of a 512-channel kernel and its gradient made those layers 2.3x slower), and the kernel's
+# gradient is the gradient's transpose, copied row-major, times the patches (benchmarks/README.md). The patches
+# are built from the float32 input and rounded once (XLA-CPU converts bfloat16 concatenations to float32 and
+# back), and the input's gradient sums its patches' gradient in float32.
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def rounded_patches_product(x, kernel, geometry: Geometry, compute):
+    """A dense convolution of channels-last x with an ONNX-ordered (O, I, *K) kernel as one product of the
+    patches and the kernel rounded to `compute` (bfloat16), accumulated in and returned as float32; its
+    gradients likewise."""
+    return _rounded_patches_forward(x, kernel, geometry, compute)[0]
+
+
+def _patches(x, kernel, geometry: Geometry):
+    """The patches of channels-last x, (positions, I x taps) as an ONNX kernel's rows read them, and their
+    (N, *spatial) positions."""
+    last = jax.ShapeDtypeStruct((*kernel.shape[2:], *kernel.shape[1::-1]), kernel.dtype)
+    patches = jnp.stack([view for _, view in _shallow_views(x, last, geometry, None)], axis=-1)
+    return patches.reshape(-1, math.prod(kernel.shape[1:])), patches.shape[:-2]
+
+
+def _rounded_patches_forward(x, kernel, geometry: Geometry, compute):
+    patches, positions = _patches(x, kernel, geometry)
+    patches, kernel = patches.astype(compute), kernel.astype(compute)
+    matrix = kernel.reshape(kernel.shape[0], -1)
+    y = lax.dot_general(patches, matrix, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    return y.reshape(*positions, kernel.shape[0]), (x, patches, kernel)
+
+
+def _rounded_patches_backward(geometry: Geometry, compute, residuals, grad):
+    x, patches, kernel = residuals
+    grad = grad.reshape(-1, grad.shape[-1]).astype(compute)
+    _, col2im = jax.vjp(lambda x: _patches(x, kernel, geometry)[0], x)
+    x_grad = col2im(jnp.dot(grad, kernel.reshape(kernel.shape[0], -1), preferred_element_type=jnp.float32))[0]
+    # the gradient's transpose copied row-major (the copy a flat array, whose layout XLA cannot transpose back)
+    grad_t = jnp.reshape(lax.optimization_barrier(jnp.reshape(grad.T, (-1,))), grad.T.shape)
+    return x_grad, jnp.dot(grad_t, patches, preferred_element_type=jnp.float32).reshape(kernel.shape)
+
+
+rounded_patches_product.defvjp(_rounded_patches_forward, _rounded_patches_backward)
 
 
 def is_shallow(w, groups: int) -> bool:
