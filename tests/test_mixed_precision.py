@@ -96,15 +96,19 @@ def test_on_the_cpu_a_convolution_stays_float32():
     ((1, 16, 8, 8), (8, 16, 3, 3), {"strides": [2, 2], "pads": [1, 1, 0, 0]}),  # strided, padded on one side
     ((2, 32, 5, 5), (6, 32, 1, 1), {}),  # 1x1 (past the few-channel ones computed as multiply-adds)
     ((1, 256, 5, 5), (4, 256, 3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}),  # deep, few positions
-], ids=["strided", "1x1", "deep-dilated"])
+    # stride 1 over 128 channels: products of shifted rows
+    ((2, 128, 5, 4), (128, 128, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 128, 7, 6), (128, 128, 3, 2), {"dilations": [2, 1], "pads": [2, 0, 1, 1]}),  # dilated, padded unevenly
+], ids=["strided", "1x1", "deep-dilated", "shifted-rows", "shifted-rows-dilated"])
 def test_on_the_cpu_a_patches_convolution_and_its_gradients_are_products_of_bfloat16_operands(
         x_shape, w_shape, attributes):
     """The dense convolutions XLA-CPU computes as one product of their patches (lower/ops/conv.py's
-    prefers_patches) compute it and both its gradient products on bfloat16 operands in YNNPACK's dot: the output
-    is PyTorch's float64 convolution of the rounded input and kernel (plus the float32 bias), the input's gradient
-    its transposed convolution of the rounded output gradient and kernel, the kernel's the product of the rounded
-    input and output gradient, each accumulated in float32; compiled with the options of both of the engine's
-    plans (lower/program.py: YNNPACK's fusions differ between them)."""
+    prefers_patches), or as products of shifted rows of the input (shifts_rows), compute it and both its gradient
+    products on bfloat16 operands in YNNPACK's dot: the output is PyTorch's float64 convolution of the rounded
+    input and kernel (plus the float32 bias), the input's gradient its transposed convolution of the rounded
+    output gradient and kernel, the kernel's the product of the rounded input and output gradient, each
+    accumulated in float32; compiled with the options of both of the engine's plans (lower/program.py: YNNPACK's
+    fusions differ between them)."""
     jax = pytest.importorskip("jax")
     rng = np.random.default_rng(11)
     normal = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731

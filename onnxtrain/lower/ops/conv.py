@@ -11,7 +11,8 @@ convolutions made a small CNN's train step twice as slow).
 from __future__ import annotations
 
 import math
-from functools import partial
+import operator
+from functools import partial, reduce
 from typing import NamedTuple, Sequence
 
 import jax
@@ -79,11 +80,15 @@ def convolve(
     dense = groups == 1 and not input_dilation and accumulate is None
     if dense and cpu and prefers_patches(x.shape, last, geometry, constant=stored_last):
         return ChannelsLast(biased(patches_convolution(x, w.data if stored_last else w, last, stored_last, geometry)))
+    shifted = dense and cpu and not stored_last and shifts_rows(x.shape, last, geometry)
+    if shifted and compute_dtype(x, w) == jnp.bfloat16:
+        return ChannelsLast(biased(rounded_shifted_product(x, w, geometry, jnp.bfloat16)))
     w = kernel_last(w)
     # Under mixed precision a convolution computes in the compute type, except on the CPU: there XLA converts
     # bfloat16 convolutions to float32 ones (Eigen's, YNNPACK's and oneDNN's alike, jaxlib 0.10.2), so rounding
     # would cost precision and time (ResNet-18's train step 1.21-1.26x the float32 one, MobileNetV3-small's
-    # 1.02-1.12x); only a product of patches computes in bfloat16 there (rounded_patches_product).
+    # 1.02-1.12x); only a product of patches (rounded_patches_product) or of shifted rows (rounded_shifted_product)
+    # computes in bfloat16 there.
     if accumulate is None and not cpu:
         (x, w), accumulate = low_precision(x, w)
         if accumulate is not None and target_platform() == "gpu":
@@ -218,12 +223,119 @@ def _rounded_patches_backward(geometry: Geometry, compute, residuals, grad):
     grad = grad.reshape(-1, grad.shape[-1]).astype(compute)
     _, col2im = jax.vjp(lambda x: _patches(x, kernel, geometry)[0], x)
     x_grad = col2im(jnp.dot(grad, kernel.reshape(kernel.shape[0], -1), preferred_element_type=jnp.float32))[0]
-    # the gradient's transpose copied row-major (the copy a flat array, whose layout XLA cannot transpose back)
-    grad_t = jnp.reshape(lax.optimization_barrier(jnp.reshape(grad.T, (-1,))), grad.T.shape)
-    return x_grad, jnp.dot(grad_t, patches, preferred_element_type=jnp.float32).reshape(kernel.shape)
+    return x_grad, jnp.dot(row_major(grad.T), patches, preferred_element_type=jnp.float32).reshape(kernel.shape)
 
 
 rounded_patches_product.defvjp(_rounded_patches_forward, _rounded_patches_backward)
+
+
+def row_major(a):
+    """A copy of `a` (a transpose) laid out row-major: the copy a flat array, whose layout XLA cannot transpose
+    back, so a product reads it contracting its minor axis (which keeps a bfloat16 product bfloat16)."""
+    return jnp.reshape(lax.optimization_barrier(jnp.reshape(a, (-1,))), a.shape)
+
+
+# A stride-1 convolution over at least SHIFTED_CHANNELS input and output channels that prefers no patches
+# (ResNet-18's 3x3 over 128 channels at 28x28: too many positions) computes under bfloat16 mixed precision on the
+# CPU as the sum of each kernel tap's product with the input's rows shifted by that tap: the padded input
+# flattened to rows (batch x padded positions, channels), a tap a row offset on that grid, the positions past a
+# row's end computed and dropped. No patches are built: XLA-CPU builds them slowly (a bfloat16 concatenation
+# converted to float32 and back; 64 channels at 56x56 as rounded_patches_product 2.2-2.9x its float32
+# convolution). The forward pass is one product with every tap's kernel side by side, its column blocks summed
+# shifted; the input's gradient a product per tap (as one product 2.2x at 56x56: a float32 temporary 9x the
+# input's size); the kernel's a product per tap of the gradient's row-major transpose and the shifted rows.
+# Forward and both gradients ÷ XLA's float32 convolution, batch 2, alternating in one process on 2 cores:
+# 128 channels at 28x28 0.76x (0.68-0.82) YNNPACK's, 0.57x Eigen's (the patches product 0.91-0.98x); ResNet-18's
+# bfloat16 train step 0.94-0.97x (five runs, either plan). Over 64 channels at 56x56 it ran 1.08-1.11x (the 9
+# kernel-gradient products of 64 x 64 outputs: 7.1 ms against XLA's 5.4) and the train step lost its gain, and
+# at 256 channels at 14x14 1.2x the patches product, so those keep XLA's float32 convolution and the patches
+# (benchmarks/README.md).
+SHIFTED_CHANNELS = 128
+
+
+def shifts_rows(x_shape: Sequence[int], w, geometry: Geometry) -> bool:
+    """x_shape: (N, *S, C); w: (*kernel, I, O) (its shape only). The products' float32 terms (rows x taps x
+    channels, summed only once all are computed) are held to the patches' budget, PATCHES_ELEMENTS."""
+    rows = x_shape[0] * math.prod(size + b + e for size, (b, e) in zip(x_shape[1:-1], geometry.padding))
+    return (all(s == 1 for s in geometry.strides) and min(w.shape[-2:]) >= SHIFTED_CHANNELS
+            and rows * math.prod(w.shape[:-2]) * max(w.shape[-2:]) <= PATCHES_ELEMENTS)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def rounded_shifted_product(x, kernel, geometry: Geometry, compute):
+    """A stride-1 dense convolution of channels-last x with an ONNX-ordered (O, I, *K) kernel as a sum over the
+    kernel's taps of products of shifted rows of x and the tap's (O, I) kernel, both rounded to `compute`
+    (bfloat16), accumulated in and returned as float32; its gradients likewise."""
+    return _rounded_shifted_forward(x, kernel, geometry, compute)[0]
+
+
+def _offsets(grid: Sequence[int], taps: Sequence[int], geometry: Geometry) -> list[int]:
+    """Each kernel tap's row offset (row-major over `taps`) on the rows of a padded (N, *grid) input."""
+    steps = [math.prod(grid[a + 1:]) for a in range(len(grid))]
+    return [sum(t * d * step for t, d, step in zip(tap, geometry.dilations, steps)) for tap in np.ndindex(*taps)]
+
+
+def _shifted_products(rows, kernels, offsets: Sequence[int], count: int, one_product: bool):
+    """The sum over taps t of rows[offsets[t]:][:count] times kernels[t] (T, P, Q), contracting Q and rows'
+    channels, accumulated in float32: one product with every tap's kernel whose column blocks are summed
+    shifted, or a product per tap."""
+    contract = (((1,), (1,)), ((), ()))
+    if one_product:
+        products = lax.dot_general(rows, kernels.reshape(-1, kernels.shape[-1]), contract,
+                                   preferred_element_type=jnp.float32)
+        width = kernels.shape[1]
+        terms = [products[o:o + count, t * width:(t + 1) * width] for t, o in enumerate(offsets)]
+    else:
+        terms = [lax.dot_general(rows[o:o + count], k, contract, preferred_element_type=jnp.float32)
+                 for o, k in zip(offsets, kernels)]
+    return reduce(operator.add, terms)
+
+
+def _on_grid(rows, shape: Sequence[int], corner: Sequence[int], size: Sequence[int]):
+    """The first rows of a padded input's (N, *padded spatial) `shape` (the rest zero) as (N, *size, C) from
+    `corner`."""
+    rows = jnp.pad(rows, ((0, math.prod(shape) - rows.shape[0]), (0, 0))).reshape(*shape, -1)
+    return lax.slice(rows, (0, *corner, 0), (shape[0], *[c + n for c, n in zip(corner, size)], rows.shape[-1]))
+
+
+def _taps_first(kernel, axes: tuple[int, int]):
+    """An (O, I, *K) kernel as (taps, its axes[0], its axes[1]), copied row-major."""
+    moved = jnp.transpose(kernel, (*range(2, kernel.ndim), *axes))
+    return row_major(moved.reshape(-1, *moved.shape[-2:]))
+
+
+def _rounded_shifted_forward(x, kernel, geometry: Geometry, compute):
+    kernel = kernel.astype(compute)
+    padded = lax.pad(x.astype(compute), np.zeros((), compute),
+                     [(0, 0, 0), *[(b, e, 0) for b, e in geometry.padding], (0, 0, 0)])
+    rows, grid = padded.reshape(-1, x.shape[-1]), padded.shape[1:-1]
+    offsets = _offsets(grid, kernel.shape[2:], geometry)
+    y = _shifted_products(rows, _taps_first(kernel, (0, 1)), offsets, rows.shape[0] - offsets[-1],
+                          one_product=True)
+    out = [g - (k - 1) * d for g, k, d in zip(grid, kernel.shape[2:], geometry.dilations)]
+    return _on_grid(y, padded.shape[:-1], (0,) * len(out), out), (rows, kernel)
+
+
+def _rounded_shifted_backward(geometry: Geometry, compute, residuals, grad):
+    rows, kernel = residuals
+    out = grad.shape[1:-1]
+    grid = [o + (k - 1) * d for o, k, d in zip(out, kernel.shape[2:], geometry.dilations)]
+    offsets = _offsets(grid, kernel.shape[2:], geometry)
+    span, count = offsets[-1], rows.shape[0] - offsets[-1]
+    # the gradient on the rows of the grid (zero past each row's outputs)
+    grad = jnp.pad(grad.astype(compute), [(0, 0), *[(0, g - o) for g, o in zip(grid, out)], (0, 0)])
+    grad = grad.reshape(-1, grad.shape[-1])[:count]
+    # padded input row q gets gradient row q - offset times the tap's transposed kernel
+    x_rows = _shifted_products(jnp.pad(grad, ((span, span), (0, 0))), _taps_first(kernel, (1, 0)),
+                               [span - o for o in offsets], rows.shape[0], one_product=False)
+    x_grad = _on_grid(x_rows, (rows.shape[0] // math.prod(grid), *grid),
+                      [b for b, _ in geometry.padding], [g - b - e for g, (b, e) in zip(grid, geometry.padding)])
+    grad_t = row_major(grad.T)
+    kernel_grad = [jnp.dot(grad_t, rows[o:o + count], preferred_element_type=jnp.float32) for o in offsets]
+    return x_grad, jnp.stack(kernel_grad, axis=-1).reshape(kernel.shape)
+
+
+rounded_shifted_product.defvjp(_rounded_shifted_forward, _rounded_shifted_backward)
 
 
 def is_shallow(w, groups: int) -> bool:
