@@ -143,17 +143,21 @@ def test_on_the_cpu_a_patches_convolution_and_its_gradients_are_products_of_bflo
         assert np.max(np.abs(full - y)) > 1e-3  # bfloat16's rounding shows at this size: not float32's convolution
 
 
-def test_second_derivatives_pass_through_the_bfloat16_patches_convolution():
-    """The bfloat16 product of patches has its own gradient rule (custom_vjp), which reverse mode differentiates
-    again: jax.grad of jax.grad (what a Gradient of a Gradient computes) is PyTorch's float64 second derivative
-    of the rounded operands, to bfloat16's rounding of the gradients the products read (measured: 3e-3 of the
-    largest value); forward mode stops there, as docs/semantics.md says."""
+@pytest.mark.parametrize("channels, outputs, stride, size", [(16, 8, 2, 9), (128, 128, 1, 5)],
+                         ids=["patches", "shifted-rows"])
+def test_second_derivatives_pass_through_the_bfloat16_patches_convolution(channels, outputs, stride, size):
+    """The bfloat16 product of patches, and the products of shifted rows (stride 1 over 128 channels), have their
+    own gradient rule (custom_vjp), which reverse mode differentiates again: jax.grad of jax.grad (what a
+    Gradient of a Gradient computes) is PyTorch's float64 second derivative of the rounded operands, to
+    bfloat16's rounding of the gradients the products read (measured: 3e-3 of the largest value); forward mode
+    stops there, as docs/semantics.md says."""
     jax = pytest.importorskip("jax")
     rng = np.random.default_rng(12)
-    w, x, c, d = (rng.normal(size=s).astype(np.float32) for s in ((8, 16, 3, 3), (2, 16, 9, 9), (2, 8, 5, 5),
-                                                                    (2, 16, 9, 9)))
-    node = helper.make_node("Conv", ["X", "W"], ["Y"], strides=[2, 2], pads=[1, 1, 1, 1])
-    fn, params = onnxtrain.load(product_model(node, [2, 16, 9, 9], {"W": w}, [2, 8, 5, 5]),
+    out = (size - 1) // stride + 1
+    w, x, c, d = (rng.normal(size=s).astype(np.float32) for s in (
+        (outputs, channels, 3, 3), (2, channels, size, size), (2, outputs, out, out), (2, channels, size, size)))
+    node = helper.make_node("Conv", ["X", "W"], ["Y"], strides=[stride, stride], pads=[1, 1, 1, 1])
+    fn, params = onnxtrain.load(product_model(node, list(x.shape), {"W": w}, list(c.shape)),
                                 mixed_precision="bfloat16").jax_function()
 
     def energy(p, x):
@@ -164,7 +168,7 @@ def test_second_derivatives_pass_through_the_bfloat16_patches_convolution():
 
     grads, grad_x = jax.jit(jax.grad(outer, argnums=(0, 1)))(params, x)
     xt, wt = (torch.from_numpy(rounded(v)).double().requires_grad_() for v in (x, w))
-    y = torch.nn.functional.conv2d(xt, wt, stride=2, padding=1)
+    y = torch.nn.functional.conv2d(xt, wt, stride=stride, padding=1)
     (inner,) = torch.autograd.grad((torch.from_numpy(c).double() * y**2).sum(), xt, create_graph=True)
     expected = torch.autograd.grad((torch.from_numpy(d).double() * inner).sum(), (wt, xt))
     for value, exact in zip((grads["W"], grad_x), expected):
