@@ -219,3 +219,16 @@ def test_cli_user_errors_are_one_line(tmp_path, capsys):
         assert status == 2, (args, err)
         assert err.startswith("onnxtrain: error:") and fragment in err, (args, err)
         assert len(err.strip().splitlines()) == 1, (args, err)
+
+
+def test_a_window_larger_than_the_padded_input_names_the_padded_size():
+    """A 5x5 kernel over a 3x3 input padded by one on each side (5x5) fits; padded by 0 on the right it does not:
+    the error names the size the pads make, not only the input's (the padding is the user's to change)."""
+    node = helper.make_node("Conv", ["X", "W"], ["Y"], pads=[1, 1, 0, 0])
+    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 1, 3, 3])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["n", "c", "h", "w"])],
+                              [onnx.numpy_helper.from_array(np.ones((1, 1, 5, 5), np.float32), "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    engine = onnxtrain.load(model)
+    with pytest.raises(OnnxTrainError, match=r"does not fit the input \(3, 3\) padded to \(4, 4\)"):
+        engine.infer({"X": np.ones((1, 1, 3, 3), np.float32)})

@@ -107,7 +107,9 @@ def sliding_window(
             for size, (b, e), span, s in zip(in_size, padding, spans, strides)
         )
     if any(o < 1 for o in out):
-        raise ValueError(f"the window {kernel} (dilations {dilations}) does not fit the input {tuple(in_size)}")
+        padded = tuple(size + b + e for size, (b, e) in zip(in_size, padding))
+        raise ValueError(f"the window {kernel} (dilations {dilations}) does not fit the input {tuple(in_size)} "
+                         f"padded to {padded} (pads {padding}, auto_pad {auto_pad})")
     return Window(tuple(int(s) for s in in_size), kernel, strides, dilations, padding, out)
 
 
