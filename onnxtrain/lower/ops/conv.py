@@ -80,8 +80,8 @@ def convolve(
     dense = groups == 1 and not input_dilation and accumulate is None
     if dense and cpu and prefers_patches(x.shape, last, geometry, constant=stored_last):
         return ChannelsLast(biased(patches_convolution(x, w.data if stored_last else w, last, stored_last, geometry)))
-    shifted = dense and cpu and not stored_last and shifts_rows(x.shape, last, geometry)
-    if shifted and compute_dtype(x, w) == jnp.bfloat16:
+    if (dense and cpu and not stored_last and compute_dtype(x, w) == jnp.bfloat16
+            and shifts_rows(x.shape, last, geometry)):
         return ChannelsLast(biased(rounded_shifted_product(x, w, geometry, jnp.bfloat16)))
     w = kernel_last(w)
     # Under mixed precision a convolution computes in the compute type, except on the CPU: there XLA converts
