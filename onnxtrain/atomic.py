@@ -78,6 +78,14 @@ def replace_atomically(path: Path, write: Callable[[BinaryIO], None], durable: b
     `durable=False`, for a cache whose reader takes a torn file for a missing one: no fsyncs (a process killed
     still leaves the old contents or the new, a power loss maybe neither), and the staging files of killed
     writes are left for the cache's own pruning (a scan of the folder per write would cost a large cache)."""
+    replace_file(path, write, durable)
+    if durable:
+        settle(path)
+
+
+def replace_file(path: Path, write: Callable[[BinaryIO], None], durable: bool = True) -> None:
+    """replace_atomically up to its commit point: `path` holds the new contents once this returns, not yet durably.
+    Apart from `settle`, for a writer whose cleanup must know whether the rename happened (export.save_atomic)."""
     path = Path(path)
     staged = staging_path(path, new_token())
     try:
@@ -85,9 +93,13 @@ def replace_atomically(path: Path, write: Callable[[BinaryIO], None], durable: b
         os.replace(staged, path)
     finally:
         unlink_quietly(staged)  # only still there if writing or renaming failed
-    if durable:
-        fsync_folder(path.absolute().parent)
-        remove_matching(path.parent, [staging_pattern(path)], keep=set())
+
+
+def settle(path: Path) -> None:
+    """After replace_file: make the rename durable, and remove the staging files of killed writes to `path`."""
+    path = Path(path)
+    fsync_folder(path.absolute().parent)
+    remove_matching(path.parent, [staging_pattern(path)], keep=set())
 
 
 def remove_matching(folder: Path, patterns: Iterable[re.Pattern[str]], keep: set[str]) -> None:

@@ -15,7 +15,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from . import big_models
-from .atomic import TOKEN_HEX, new_token, replace_atomically, unlink_quietly, writable_target, write_durably
+from .atomic import TOKEN_HEX, new_token, replace_file, settle, unlink_quietly, writable_target, write_durably
 from .big_models import (PROTOBUF_LIMIT, exceeds_protobuf_limit, initializer_graphs, is_external, lean_copy,
                          weight_tensors)
 from .dtypes import onnx_type, type_name
@@ -257,14 +257,18 @@ def save_atomic(model: onnx.ModelProto, path: str | os.PathLike, external_data: 
             if not is_external(tensor):
                 tensor.raw_data = array_bytes(array).tobytes()
         serialized = serialize(model, path, external_data)
-        replace_atomically(path, lambda stream: stream.write(serialized))
+        replace_file(path, lambda stream: stream.write(serialized))
+        # the model file referencing the data file is in place: from here a failure (the folder's fsync, an
+        # interrupt) must not remove the data file, which left `path` naming a missing one, neither old nor new
         committed = True
+        settle(path)
     except OSError as exc:
-        raise ExportError(f"cannot export to {str(path)!r}: {exc}") from exc
+        after = " (the new model file is in place, not known to be on disk)" if committed else ""
+        raise ExportError(f"cannot export to {str(path)!r}{after}: {exc}") from exc
     finally:
         if data_name is not None and not committed:
             unlink_quietly(folder / data_name)
-    remove_stale_data(folder, path, keep=data_name)  # replace_atomically removed the staging files
+    remove_stale_data(folder, path, keep=data_name)  # settle removed the staging files
 
 
 def remove_stale_data(folder: Path, path: Path, keep: str | None) -> None:

@@ -4,6 +4,7 @@ shrinking the limit)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -17,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 import onnxtrain
+import onnxtrain.atomic
 import onnxtrain.big_models
 import onnxtrain.export
 import onnxtrain.external_data
@@ -448,6 +450,29 @@ def test_export_skips_a_fifo_put_in_the_folder_as_another_model(tmp_path, monkey
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "other.onnx"]
     assert onnxtrain.load(tmp_path / "m.onnx").step_count == 1
+
+
+@pytest.mark.parametrize("failure", [OSError(errno.EIO, "Input/output error"), KeyboardInterrupt()],
+                         ids=["fsync fails", "ctrl-c"])
+def test_a_failure_after_the_commit_point_keeps_the_new_models_data_file(tmp_path, monkeypatch, failure):
+    """The folder's fsync comes after the model file was renamed in: failing there (or a Ctrl-C there) had the
+    export remove the new data file as a failed export's, and `m.onnx` named a missing file, neither old nor new."""
+    monkeypatch.setattr(onnxtrain.big_models, "INLINE_BYTES", 0)
+    trained(1).export(tmp_path / "m.onnx", external_data=True)
+    engine = trained(2)
+
+    def fail(folder):
+        raise failure
+
+    monkeypatch.setattr(onnxtrain.atomic, "fsync_folder", fail)
+    expected = ExportError if isinstance(failure, OSError) else KeyboardInterrupt
+    with pytest.raises(expected, match="the new model file is in place" if expected is ExportError else None):
+        engine.export(tmp_path / "m.onnx", external_data=True)
+    monkeypatch.undo()
+    onnx.checker.check_model(str(tmp_path / "m.onnx"))
+    reloaded = onnxtrain.load(tmp_path / "m.onnx")
+    assert reloaded.step_count == 2
+    assert_same_state(host_state(reloaded), host_state(engine))
 
 
 def test_export_over_a_symlink_replaces_the_link_not_its_target(tmp_path):
