@@ -31,8 +31,8 @@ def staging_pattern(path: Path) -> re.Pattern[str]:
 
 def writable_target(path: object, what: str) -> str | None:
     """Why a file named `what` (for messages) cannot be written at `path`, or None: not a path, a NUL byte in
-    it, its folder missing, or a folder itself. Writers check it before the work that fills the file, so a run
-    never ends, hours in, at a rename that never could have happened."""
+    it, its folder missing or not writable, or a folder itself. Writers check it before the work that fills the
+    file, so a run never ends, hours in, at a rename that never could have happened."""
     if not isinstance(path, (str, os.PathLike)):
         return f"{what} is written to a file path, not {type(path).__name__}"
     path = Path(path)
@@ -43,6 +43,12 @@ def writable_target(path: object, what: str) -> str | None:
         return f"cannot write {what} {str(path)!r}: folder {str(folder)!r} does not exist"
     if path.is_dir():
         return f"cannot write {what} {str(path)!r}: it is a folder; name the file in it"
+    # a read-only mount or a folder without write permission had been found by the staging file's open(), at the
+    # end of a `train -o` run, whose steps were then lost. (Not on Windows, whose read-only attribute on a folder
+    # does not stop files being created in it, but makes os.access say so.)
+    effective = os.access in os.supports_effective_ids  # a setuid process writes as its effective user
+    if os.name != "nt" and not os.access(folder, os.W_OK | os.X_OK, effective_ids=effective):
+        return f"cannot write {what} {str(path)!r}: folder {str(folder)!r} is not writable (read-only or no permission)"
     return None
 
 

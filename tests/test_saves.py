@@ -84,6 +84,33 @@ def test_a_missing_folder_is_named_before_anything_is_written(tmp_path, monkeypa
     assert serialized == [] and list(tmp_path.iterdir()) == []
 
 
+def test_a_read_only_folder_is_named_before_anything_is_written_or_trained(tmp_path, monkeypatch, capsys):
+    """A read-only mount (or a folder without write permission: root passes that one, so access() is faked here)
+    was found by the staging file's open() at the first checkpoint: `train -o` ran all its steps, then lost them."""
+    from onnxtrain.cli import main
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kwargs: (os.fspath(path) != os.fspath(locked) or
+                                                                     not mode & os.W_OK) and real_access(path, mode))
+    engine = trained(1)
+    folder = re.escape(repr(str(locked)))
+    with pytest.raises(StateError, match=f"cannot write state checkpoint .*: folder {folder} is not writable"):
+        engine.save_state(locked / "ckpt.npz")
+    with pytest.raises(ExportError, match=f"cannot write model .*: folder {folder} is not writable"):
+        engine.export(locked / "m.onnx")
+    with pytest.raises(ExportError, match=f"cannot write model .*: folder {folder} is not writable"):
+        onnxtrain.fit(engine, [{"X": X, "Target": T}] * 3, steps=3, progress=False, checkpoint=locked / "m.onnx")
+    assert engine.step_count == 1  # refused before its first step
+    np.savez(tmp_path / "data.npz", X=X, Target=T)
+    engine.export(tmp_path / "model.onnx")
+    assert main(["train", str(tmp_path / "model.onnx"), "--data", str(tmp_path / "data.npz"), "--steps", "2",
+                 "-o", str(locked / "out.onnx")]) == 2
+    assert f"folder {str(locked)!r} is not writable" in capsys.readouterr().err
+    assert list(locked.iterdir()) == []
+
+
 def test_a_path_with_a_nul_byte_is_refused_before_anything_is_written(tmp_path):
     """The OS cannot name such a file: it was a raw ValueError from open(), and the cleanup's unlink raised another."""
     engine = trained(1)
