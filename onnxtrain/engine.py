@@ -40,7 +40,7 @@ import onnx
 
 from .cache import enable_compilation_cache
 from .dtypes import HOST_ONLY_DTYPES, is_float
-from .errors import OptionError, StateError, StepError
+from .errors import ExternalDataError, ModelLoadError, OptionError, StateError, StepError
 from .executables import COMPILE_TIME_THRESHOLD, ExecutableStore, model_digest
 from .export import (check_export_target, replaced_by_export, save_atomic, saved_step_count, stored_state,
                      with_initializers, with_state, without_state_bytes, without_zero_state)
@@ -627,13 +627,20 @@ class Engine:
         a new name at each export: the model file and its data are always both the old or both the new."""
         check_export_target(path)
         with self.lock:
-            if self._state_file is not None and self._state_file.is_file(Path(path)):
-                # the file about to be replaced holds the initial state reset reads: it stays in memory from now
-                self.model, self._state_file = self._state_file.read(), None
-            if self._external is not None:  # so do the external data files it replaces
-                self._external.inline_files(self.model, replaced_by_export(Path(path)))
+            self._hold_initial_state(Path(path))
             model, pending = with_state(self.model, self._state, self.state_owner, self.step_count)
             save_atomic(model, Path(path), external_data, pending)
+
+    def _hold_initial_state(self, path: Path) -> None:
+        """Keep in memory the initial state that reset reads from the files an export to `path` replaces. A file
+        changed since load is left as it is: reset could not read it anyway (and says so), and the export needs
+        none of its bytes. Refusing the export had lost the trained state, advising to load the model again."""
+        if self._state_file is not None and self._state_file.is_file(path):
+            with contextlib.suppress(ModelLoadError):
+                self.model, self._state_file = self._state_file.read(), None
+        if self._external is not None:
+            with contextlib.suppress(ExternalDataError):
+                self._external.inline_files(self.model, replaced_by_export(path))
 
 
 def load(

@@ -339,6 +339,33 @@ def test_exporting_over_a_loaded_file_with_external_data_keeps_reset_working(tmp
         np.testing.assert_array_equal(np.asarray(engine.state[tensor.name]), numpy_helper.to_array(tensor))
 
 
+@pytest.mark.parametrize("external", [False, True], ids=["model file", "external data"])
+def test_an_export_over_a_loaded_file_changed_since_load_writes_the_trained_state(tmp_path, external):
+    """The file the engine reads its initial state from changed on disk since load (another writer): an export
+    over it had been refused, saying to load the model again, which loses the trained state. The export needs none
+    of the initial state: it writes the trained one; reset, which can no longer read the initial state, refuses."""
+    if external:
+        _, _, path = external_trainable(tmp_path)
+    else:
+        path = tmp_path / "m.onnx"
+        onnx.save(onnxtrain.make_trainable(wide_mlp()[0], loss="mse", optimizer="sgd", learning_rate=0.1), path)
+    engine = onnxtrain.load(path)
+    x = np.random.default_rng(1).standard_normal((4, WIDTHS[0]), np.float32)
+    engine.train_step({"X": x, "target": np.zeros((4, WIDTHS[-1]), np.float32)})
+    trained = {name: np.array(value) for name, value in engine.state.items()}
+    changed = onnx.load(path)  # W3 zeroed, the model file (and its data file) written anew
+    changed.graph.initializer[3].CopyFrom(numpy_helper.from_array(np.zeros((512, 512), np.float32), "W3"))
+    onnx.save(changed, path, save_as_external_data=external, location="m.onnx.data", size_threshold=0)
+    engine.export(path, external_data=external)
+    reloaded = onnxtrain.load(path)
+    assert reloaded.step_count == 1 and reloaded.state.keys() == trained.keys()
+    for name, value in trained.items():
+        np.testing.assert_array_equal(np.asarray(reloaded.state[name]), value, err_msg=name)
+    with pytest.raises(ModelLoadError, match="m.onnx"):
+        engine.reset()
+    for name, value in trained.items():
+        np.testing.assert_array_equal(np.asarray(engine.state[name]), value, err_msg=name)
+
 @pytest.mark.parametrize("source", ["proto", "external data"])
 def test_the_first_train_step_updates_every_state_buffer_in_place(tmp_path, source):
     """The state goes to the device as buffers XLA owns, which a step can donate: on the CPU, jax.device_put
