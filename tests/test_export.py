@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 import numpy as np
@@ -83,17 +84,20 @@ def test_export_with_external_data(tmp_path, monkeypatch):
     np.testing.assert_array_equal(np.asarray(reloaded.state["W1"]), np.asarray(engine.state["W1"]))
 
 
-def test_failed_export_leaves_the_existing_file_untouched(tmp_path, monkeypatch):
+@pytest.mark.parametrize("external_data", [False, True])
+def test_failed_export_leaves_the_existing_file_untouched(tmp_path, monkeypatch, external_data):
+    """The first fsync fails (the data file's, with external data): nothing of the export is left behind."""
+    monkeypatch.setattr(onnxtrain.big_models, "INLINE_BYTES", 0)
     engine = trained(1)
     path = tmp_path / "keep.onnx"
     path.write_bytes(b"previous contents")
 
     def broken_fsync(*args, **kwargs):
-        raise OSError("disk full")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", broken_fsync)
-    with pytest.raises(ExportError, match="disk full"):
-        engine.export(path)
+    with pytest.raises(ExportError, match=r"cannot export to .*keep.onnx'.*No space left on device"):
+        engine.export(path, external_data=external_data)
     assert path.read_bytes() == b"previous contents"
     assert os.listdir(tmp_path) == ["keep.onnx"]
 
