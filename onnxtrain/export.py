@@ -266,9 +266,23 @@ def save_atomic(model: onnx.ModelProto, path: str | os.PathLike, external_data: 
         after = " (the new model file is in place, not known to be on disk)" if committed else ""
         raise ExportError(f"cannot export to {str(path)!r}{after}: {exc}") from exc
     finally:
-        if data_name is not None and not committed:
+        if data_name is not None and not committed and not renamed_in(path, data_name):
             unlink_quietly(folder / data_name)
     remove_stale_data(folder, path, keep=data_name)  # settle removed the staging files
+
+
+def renamed_in(path: Path, data_name: str) -> bool:
+    """Whether the model file at `path` names the data file `data_name` (fresh to an export: no other file names
+    it), so the export's rename happened though `committed` was not set: Python runs a signal handler (Ctrl-C's
+    KeyboardInterrupt) as a call returns, and a SIGINT that came during the fsync or rename lands as os.replace
+    returns. A model file that cannot be read counts as naming it: the data file stays, a leftover the next
+    export removes, never the reverse."""
+    try:
+        return data_name in names_in_file(path, {data_name})
+    except FileNotFoundError:  # no model file: a first export that failed before its rename
+        return False
+    except OSError:
+        return True
 
 
 def remove_stale_data(folder: Path, path: Path, keep: str | None) -> None:
@@ -293,18 +307,25 @@ def referenced_by_other_models(folder: Path, path: Path, names: set[str]) -> set
         if entry.name == path.name or not entry.name.endswith(".onnx") or not entry.is_file():
             continue
         try:
-            opened = open_if_regular(Path(entry.path))
-            if opened is None:  # a FIFO or a device put there since the scan: a plain open() of a FIFO blocks
-                continue
-            with opened[0] as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                found |= {name for name in names - found if data.find(name.encode()) >= 0}
-        except ValueError:  # an empty file: it names nothing
-            continue
+            found |= names_in_file(Path(entry.path), names - found)
         except OSError:
             return set(names)
         if found == names:
             break
     return found
+
+
+def names_in_file(path: Path, names: set[str]) -> set[str]:
+    """Which of `names` the file at `path` contains as bytes (OSError if it cannot be read). A FIFO or a device
+    names none: a plain open() of a FIFO blocks."""
+    opened = open_if_regular(path)
+    if opened is None:
+        return set()
+    try:
+        with opened[0] as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return {name for name in names if data.find(name.encode()) >= 0}
+    except ValueError:  # an empty file: it names nothing
+        return set()
 
 
 def replaced_by_export(path: Path) -> Callable[[Path], bool]:

@@ -98,6 +98,8 @@ def test_failed_export_leaves_the_existing_file_untouched(tmp_path, monkeypatch,
     monkeypatch.setattr(os, "fsync", broken_fsync)
     with pytest.raises(ExportError, match=r"cannot export to .*keep.onnx'.*No space left on device"):
         engine.export(path, external_data=external_data)
+    with pytest.raises(ExportError, match=r"cannot export to .*new.onnx'.*No space left on device"):
+        engine.export(tmp_path / "new.onnx", external_data=external_data)  # where no model was before
     assert path.read_bytes() == b"previous contents"
     assert os.listdir(tmp_path) == ["keep.onnx"]
 
