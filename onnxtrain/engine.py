@@ -590,6 +590,7 @@ class Engine:
         """A light checkpoint: the state and step count in a NumPy .npz (no pickle), written to exactly `path`
         (no suffix added) and atomically: a crash during the save leaves the previous checkpoint intact."""
         with self.lock:  # one moment's state: a step in another thread would donate these buffers
+            self._refuse_lost_state("save_state")
             state, meta = {name: host_array(v) for name, v in self._state.items()}, {"step": self.step_count}
         save_npz(path, state, meta)
 
@@ -627,9 +628,19 @@ class Engine:
         a new name at each export: the model file and its data are always both the old or both the new."""
         check_export_target(path)
         with self.lock:
+            self._refuse_lost_state("export")
             self._hold_initial_state(Path(path))
             model, pending = with_state(self.model, self._state, self.state_owner, self.step_count)
             save_atomic(model, Path(path), external_data, pending)
+
+    def _refuse_lost_state(self, call: str) -> None:
+        """StateError for `call`, a save, when a train step that failed while running took the state with it (its
+        StepError said so): a save had raised JAX's "Array has been deleted", naming neither cause nor remedy."""
+        lost = [name for name, value in self._state.items() if value.is_deleted()]
+        if lost:
+            raise StateError(f"cannot {call}: the engine's state ({', '.join(map(repr, lost[:3]))}"
+                             f"{', ...' if len(lost) > 3 else ''}) was lost with a train step that failed while "
+                             "running (its StepError says so); load_state(checkpoint), reset() or init() gives it one")
 
     def _hold_initial_state(self, path: Path) -> None:
         """Keep in memory the initial state that reset reads from the files an export to `path` replaces. A file

@@ -11,6 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
+import jax
 import numpy as np
 import onnx
 import pytest
@@ -118,6 +119,44 @@ def test_ctrl_c_during_a_step_leaves_a_whole_state(steps_before):
     reference.init()
     for _ in range(taken):
         reference.train_step(small)
+    for name, value in reference.state.items():
+        np.testing.assert_array_equal(np.asarray(engine.state[name]), np.asarray(value), err_msg=name)
+
+
+def test_a_save_after_a_step_lost_the_state_names_it_and_load_state_restores(tmp_path):
+    """A later step (its shapes run before) donates the state; failing while it runs (the device failing) takes the
+    state with it, as its StepError says. A save then raised JAX's 'Array has been deleted'; it is a StateError
+    saying what happened, the checkpoint on disk untouched, and load_state of it trains on as a fresh load would."""
+    from onnxtrain.errors import StateError
+
+    engine = onnxtrain.load(matmul_sgd(0.1))
+    x = np.array([[1.0, 2.0], [3.0, -1.0]], np.float32)
+    feeds = {"X": x, "target": x @ np.array([[1.0], [-3.0]], np.float32)}
+    engine.train_step(feeds)
+    engine.export(tmp_path / "ckpt.onnx")
+    engine.save_state(tmp_path / "ckpt.npz")
+    saved = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    program = engine._train[0]
+
+    def fails_while_running(carry, *args, **kwargs):  # what XLA leaves: the donated buffers deleted, an error
+        jax.tree.map(lambda value: value.delete(), carry)
+        raise jax.errors.JaxRuntimeError("INTERNAL: the device failed (simulated)")
+
+    engine._train[0] = fails_while_running
+    with pytest.raises(StepError, match=r"train step 2 \(algorithm 0\) failed while running \(the state was donated "
+                                        r"to it and is lost\): INTERNAL: the device failed"):
+        engine.train_step(feeds)
+    for save, path in ((engine.save_state, "ckpt.npz"), (engine.export, "ckpt.onnx")):
+        with pytest.raises(StateError, match=rf"cannot {save.__name__}: the engine's state \('W'\) was lost with a "
+                                             r"train step that failed while running"):
+            save(tmp_path / path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == saved
+    engine._train[0] = program
+    engine.load_state(tmp_path / "ckpt.onnx")
+    engine.train_step(feeds)
+    reference = onnxtrain.load(tmp_path / "ckpt.onnx")
+    reference.train_step(feeds)
+    assert engine.step_count == reference.step_count == 2
     for name, value in reference.state.items():
         np.testing.assert_array_equal(np.asarray(engine.state[name]), np.asarray(value), err_msg=name)
 
