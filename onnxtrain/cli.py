@@ -4,12 +4,16 @@ fails (diverges, or a step fails on the device) is one clear line and exit statu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import os
+import signal
 import sys
+import threading
 import warnings
 import zipfile
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -150,9 +154,10 @@ def cmd_train(args: argparse.Namespace) -> None:
     # (fit refuses a negative --steps: only a resumed run past it takes none)
     remaining = max(0, args.steps - done) if resume else args.steps
     try:
-        history = fit(engine, array_batches(arrays, args.batch_size, seed=args.seed, start=done), remaining,
-                      algorithm=args.algorithm, loss=args.loss, log_every=max(1, args.steps // 20),
-                      checkpoint=args.output, checkpoint_every=args.checkpoint_every, on_log=print_loss)
+        with terminated_as_interrupted():
+            history = fit(engine, array_batches(arrays, args.batch_size, seed=args.seed, start=done), remaining,
+                          algorithm=args.algorithm, loss=args.loss, log_every=max(1, args.steps // 20),
+                          checkpoint=args.output, checkpoint_every=args.checkpoint_every, on_log=print_loss)
     except KeyboardInterrupt:
         if args.output and engine.step_count > done:  # the steps taken are kept, as at a checkpoint (finite)
             check_finite(engine, engine.step_count - done - 1, {}, state=True)
@@ -169,6 +174,24 @@ def cmd_train(args: argparse.Namespace) -> None:
         if not remaining:  # fit wrote it at each checkpoint and at the end: here, nothing ran
             engine.export(args.output)
         print(f"wrote {args.output}")
+
+
+@contextlib.contextmanager
+def terminated_as_interrupted() -> Iterator[None]:
+    """Within the block, SIGTERM (`kill`, a scheduler's preemption, `docker stop`) ends the run as Ctrl-C does, the
+    steps taken written to -o: it had ended the process at once, the steps since the last checkpoint lost. It is
+    passed on as SIGINT, whose KeyboardInterrupt the engine holds back while a step's new state is in flight (an
+    exception raised there would lose the state). Only where SIGTERM is at its default and SIGINT has Python's
+    handler (a background job ignores SIGINT: SIGTERM must still end it), in the main thread."""
+    if (threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL
+            or not callable(signal.getsignal(signal.SIGINT))):
+        yield
+        return
+    signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def print_loss(step: int, loss: float) -> None:
