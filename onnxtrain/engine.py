@@ -53,7 +53,7 @@ from .ir import Graph, Node, ValueInfo
 from .lower.build import build_graph, model_resolver, raise_if_missing
 from .lower.layout import KernelLast, kernel_only_weights
 from .lower.ops.training import REMAT_MODES
-from .model import ModelSource, StateFile, check_model, read_model, state_tensors
+from .model import ModelSource, StateFile, check_model, read_model, same_file, state_tensors
 from .placement import Placement, host_array
 from .program import Program, raised_in_trace, tracing
 from . import steps
@@ -235,6 +235,7 @@ class Engine:
         if check:
             check_model(model)
         self.model = model
+        self._source_file = source_file
         self._zero_state = zero_state
         self._external = external
         resolver = model_resolver(model, zero_state, external)
@@ -588,7 +589,12 @@ class Engine:
 
     def save_state(self, path: str | Path) -> None:
         """A light checkpoint: the state and step count in a NumPy .npz (no pickle), written to exactly `path`
-        (no suffix added) and atomically: a crash during the save leaves the previous checkpoint intact."""
+        (no suffix added) and atomically: a crash during the save leaves the previous checkpoint intact. Not over
+        the file this engine was loaded from: an .npz holds no graph, so that model would be lost."""
+        if isinstance(path, (str, os.PathLike)) and self._source_file and same_file(Path(path), self._source_file):
+            raise StateError(f"save_state would replace {str(path)!r}, the model this engine was loaded from, with a "
+                             "state checkpoint (.npz), which holds no graph: name another file, or export(path) "
+                             "to write the model with its trained state")
         with self.lock:  # one moment's state: a step in another thread would donate these buffers
             self._refuse_lost_state("save_state")
             state, meta = {name: host_array(v) for name, v in self._state.items()}, {"step": self.step_count}

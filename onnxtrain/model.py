@@ -81,6 +81,11 @@ def every_tensor(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     return (tensor for _, tensor in model_tensors(model))
 
 
+def same_file(a: Path, b: Path) -> bool:
+    """Whether `a` and `b` name one existing file (through links too)."""
+    return a.exists() and b.exists() and os.path.samefile(a, b)
+
+
 @dataclass(frozen=True)
 class StateFile:
     """The model file an engine read, where the initial values of its state variables stay instead of in memory
@@ -92,7 +97,7 @@ class StateFile:
 
     def is_file(self, path: Path) -> bool:
         """Whether `path` names this file (through links too)."""
-        return path.exists() and self.path.exists() and os.path.samefile(path, self.path)
+        return same_file(path, self.path)
 
     def read(self) -> onnx.ModelProto:
         model, _ = read_model(self.path, keep=state_tensors)

@@ -54,6 +54,26 @@ def test_save_state_writes_exactly_the_given_path(tmp_path):
     assert_same_state(host_state(resumed), host_state(source))
 
 
+@pytest.mark.parametrize("through_link", [False, True], ids=["the file", "a link to it"])
+def test_save_state_over_the_loaded_model_is_refused_and_the_model_kept(tmp_path, through_link):
+    """An .npz holds no graph: written over the file the engine was loaded from, the model would be gone (and
+    reset, which reads its initial state there, with it)."""
+    path = tmp_path / "model.onnx"
+    onnx.save(onnx.load_from_string(trained(0).model.SerializeToString()), path)
+    original = path.read_bytes()
+    engine = onnxtrain.load(path)
+    engine.train_step({"X": X, "Target": T})
+    target = path
+    if through_link:
+        target = tmp_path / "link.onnx"
+        target.symlink_to(path)
+    with pytest.raises(StateError, match=r"the model this engine was loaded from.*export\(path\)"):
+        engine.save_state(target)
+    assert path.read_bytes() == original
+    engine.reset()
+    assert_same_state(host_state(engine), host_state(onnxtrain.load(path)))
+
+
 def test_a_folder_as_the_target_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     """Naming a folder where a file goes failed at the rename, after the whole checkpoint or model (and its
     data file) had been written; now it is refused first, and the folder is left as it was."""
