@@ -150,6 +150,17 @@ def test_label_shape_mismatch_is_reported():
         run(node_model("NegativeLogLikelihoodLoss", {"s": scores, "l": labels}), {"s": scores, "l": labels})
 
 
+@pytest.mark.parametrize("op_type", ["SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"])
+def test_a_float_target_is_refused_as_not_class_indices(op_type):
+    """torch.onnx.export(dynamo=True) of F.cross_entropy(scores, probabilities) writes SoftmaxCrossEntropyLoss with
+    the float probabilities as its target (ONNX Runtime refuses the model: Tind is int32 or int64). The error had
+    been 'target shape (2, 3) does not fit input shape (2, 3)'."""
+    scores, _ = scores_and_labels(shape=(2, 3))
+    inputs = {"s": scores, "l": np.full((2, 3), 1 / 3, np.float32)}
+    with pytest.raises(onnxtrain.errors.NodeError, match=rf"{op_type}.*target is float32, not class indices"):
+        run(node_model(op_type, inputs), inputs)
+
+
 def test_sce_is_usable_as_a_training_loss_under_jit():
     scores, labels = scores_and_labels(np.float32, shape=(8, 4))
     step = jax.jit(jax.value_and_grad(lambda s: losses.softmax_cross_entropy_loss(s, labels, reduction="mean")[0]))

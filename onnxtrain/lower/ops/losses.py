@@ -67,6 +67,12 @@ def class_loss(log_prob, target, weight=None, *, reduction: str, ignore_index: i
     `log_softmax_of`: `log_prob` holds scores, whose log-softmax it is (label_log_softmax)."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    # the schema's Tind: class indices. torch.onnx's dynamo exporter writes cross_entropy against class
+    # probabilities (float targets shaped as the scores) as this node too, which the shape check below had
+    # reported as "target shape (N, C) does not fit input shape (N, C)"
+    if not jnp.issubdtype(target.dtype, jnp.integer):
+        raise ValueError(f"target is {target.dtype}, not class indices (int32 or int64): a target of class "
+                         f"probabilities (torch's cross_entropy with a float target) is no loss of this op")
     if log_prob.ndim < 2 or target.shape != (log_prob.shape[0], *log_prob.shape[2:]):
         raise ValueError(f"target shape {tuple(target.shape)} does not fit input shape {tuple(log_prob.shape)}")
     dtype = jnp.promote_types(log_prob.dtype, jnp.float32)  # half-precision sums drift
