@@ -20,7 +20,7 @@ from .optimizers import (  # noqa: F401 (OPTIMIZERS, STEP: API)
 )
 from .dtypes import TRAINING_FLOAT_TYPES
 from .parameters import (  # noqa: F401 (running_statistics: API)
-    choose_trainable, recurrent_halves, running_statistics, source_ranks,
+    choose_trainable, record_of, recorded_call, recurrent_halves, running_statistics, source_ranks,
 )
 from .reinitialize import reinitialize_weights
 from .train_mode import PREFIX, add_training_forward, warn_of_train_mode_nodes
@@ -256,6 +256,39 @@ def check_logits(graph: onnx.GraphProto, loss: str, prediction: str) -> None:
             UserWarning, stacklevel=3)
 
 
+# torch.ops.aten.cross_entropy_loss(scores, target, weight, reduction, ignore_index, label_smoothing), as the dynamo
+# exporter records the call a node comes from
+CROSS_ENTROPY_CALL, LABEL_SMOOTHING_ARGUMENT = "cross_entropy_loss.default", 5
+
+
+def warn_of_dropped_label_smoothing(graph: onnx.GraphProto) -> None:
+    """A warning for each SoftmaxCrossEntropyLoss that the dynamo exporter (torch 2.13) made, alone, from a
+    cross_entropy call with label_smoothing: the op has no smoothing and the exporter drops it, so the model's loss
+    (a module returning F.cross_entropy(..., label_smoothing=0.2)) is the unsmoothed one, which trains toward
+    another optimum than torch's; ONNX Runtime computes it so too. A call the exporter decomposed into more nodes
+    (a smoothing written out) is left alone."""
+    calls: dict[str, int] = {}
+    for node in graph.node:
+        if (call := recorded_call(node)):
+            calls[call] = calls.get(call, 0) + 1
+    for node in graph.node:
+        if node.op_type != "SoftmaxCrossEntropyLoss" or node.domain or calls.get(recorded_call(node)) != 1:
+            continue
+        record = record_of(node)
+        if record.call != CROSS_ENTROPY_CALL or len(record.arguments) <= LABEL_SMOOTHING_ARGUMENT:
+            continue
+        try:
+            smoothing = float(record.arguments[LABEL_SMOOTHING_ARGUMENT])
+        except ValueError:  # not a number as written: nothing to tell
+            continue
+        if smoothing:
+            warnings.warn(
+                f"SoftmaxCrossEntropyLoss {node.name or node.output[0]!r} computes torch's cross_entropy without its "
+                f"label_smoothing={smoothing}: the exporter dropped it (ONNX's op has no smoothing), so the model's "
+                f"loss is the unsmoothed one; for torch's, train the scores: loss='cross_entropy', "
+                f"label_smoothing={smoothing}, prediction={node.input[0]!r}", UserWarning, stacklevel=3)
+
+
 def probabilities_passed_on(node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto]) -> str | None:
     """The input of `node` that holds the probabilities it hands on (PROBABILITY_VIEWS), None if it is no view."""
     if node.op_type not in PROBABILITY_VIEWS or node.domain:
@@ -417,6 +450,7 @@ def make_trainable(
     prediction = prediction or graph.output[0].name
     declare_intermediate(result, prediction)
     check_logits(graph, loss, prediction)  # the model's own nodes: train_mode's copy renames them
+    warn_of_dropped_label_smoothing(graph)
     b = Builder()
     if train_mode:
         prediction, loss = add_training_forward(b, result, prediction, loss)

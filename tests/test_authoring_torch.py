@@ -349,14 +349,16 @@ def test_names_given_exactly():
 class LossInForward(torch.nn.Module):
     """A Hugging Face-style head: forward computes its own loss from keyword `labels` and returns a mapping."""
 
-    def __init__(self):
+    def __init__(self, label_smoothing: float = 0.0):
         super().__init__()
         self.body, self.head = torch.nn.Linear(4, 6), torch.nn.Linear(6, 3)
+        self.label_smoothing = label_smoothing
 
     def forward(self, x, labels=None):
         hidden = torch.tanh(self.body(x))
         logits = self.head(hidden)
-        return {"hidden": hidden, "logits": logits, "loss": F.cross_entropy(logits, labels), "scores": logits}
+        loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
+        return {"hidden": hidden, "logits": logits, "loss": loss, "scores": logits}
 
 
 def test_from_torch_names_a_mapping_s_outputs_after_its_keys_and_takes_keyword_arguments():
@@ -389,6 +391,41 @@ def test_from_torch_names_a_mapping_s_outputs_after_its_keys_and_takes_keyword_a
                                    rtol=1e-5, atol=1e-6)
     with pytest.raises(AuthoringError, match=r"pass keyword arguments as kwargs="):
         onnxtrain.from_torch(module, {"x": torch.from_numpy(x)}, loss="output:loss")
+
+
+def test_a_loss_whose_label_smoothing_the_exporter_dropped_is_warned_and_its_advice_trains_as_torch():
+    """torch 2.13's dynamo exporter writes F.cross_entropy(..., label_smoothing=0.2) as one SoftmaxCrossEntropyLoss,
+    which has no smoothing: the model's loss is the unsmoothed one (ONNX Runtime's too), and loss="output:loss"
+    had trained toward it unwarned. The warning names the options that train torch's loss."""
+    torch.manual_seed(0)
+    module = perturbed(LossInForward(label_smoothing=0.2))
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(3, 4)).astype(np.float32)
+    labels = np.array([0, 2, 1])
+    export = (module, (torch.from_numpy(x),))
+    options = {"kwargs": {"labels": torch.from_numpy(labels)}, "optimizer": "sgd", "learning_rate": LR}
+    advice = r"without its label_smoothing=0.2: .* loss='cross_entropy', label_smoothing=0.2, prediction='logits'"
+    with pytest.warns(UserWarning, match=advice):
+        dropped = onnxtrain.from_torch(*export, loss="output:loss", **options)
+    outputs = onnxtrain.load(dropped).infer({"x": x, "labels": labels})
+    np.testing.assert_allclose(float(outputs["loss"]), F.cross_entropy(
+        torch.tensor(np.asarray(outputs["logits"])), torch.from_numpy(labels)).item(), rtol=1e-6)
+    # the model's own loss node is still there, its output renamed off `loss` (the value forward returns as logits
+    # and as scores takes the last of its names)
+    with pytest.warns(UserWarning, match=advice):
+        trainable = onnxtrain.from_torch(*export, loss="cross_entropy", label_smoothing=0.2, prediction="logits",
+                                         output_names=["hidden", "scores", "own_loss", "logits"], **options)
+    engine = onnxtrain.load(trainable)
+    losses = [float(engine.train_step({"x": x, "labels": labels, "target": labels})["loss"]) for _ in range(STEPS)]
+    optimizer = torch.optim.SGD(module.parameters(), lr=LR)
+    expected = []
+    for _ in range(STEPS):
+        optimizer.zero_grad()
+        value = module(torch.from_numpy(x), labels=torch.from_numpy(labels))["loss"]
+        value.backward()
+        optimizer.step()
+        expected.append(value.item())
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
 
 
 class Pooled(torch.nn.Module):
