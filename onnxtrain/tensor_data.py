@@ -36,10 +36,22 @@ def known_type(elem_type: int, what: str, error: type[ModelLoadError] = ModelLoa
     return elem_type
 
 
-def element_count(tensor: TensorProto, label: str, error: type[ModelLoadError] = ModelLoadError) -> int:
-    if any(d < 0 for d in tensor.dims):
-        raise error(f"{label} has a negative dimension in {list(tensor.dims)}")
-    return math.prod(tensor.dims)
+# The most elements an empty tensor's non-zero dimensions may multiply to: no data backs them (a dimension of 0
+# leaves no bytes to check), and NumPy refuses a shape whose non-zero dims overflow its sizes (a raw ValueError).
+# The bound of the largest value a node may produce (lower/walker.py's MAX_VALUE_BYTES), counted in elements.
+MAX_EMPTY_EXTENT = 2**48
+
+
+def checked_dims(dims, label: str, error: type[ModelLoadError] = ModelLoadError) -> int:
+    """The element count of a tensor of `dims`, each dimension checked: none negative, and an empty tensor's
+    others not past MAX_EMPTY_EXTENT."""
+    if any(d < 0 for d in dims):
+        raise error(f"{label} has a negative dimension in {list(dims)}")
+    count = math.prod(dims)
+    if count == 0 and math.prod(d for d in dims if d) > MAX_EMPTY_EXTENT:
+        raise error(f"{label} has dims {list(dims)}: an empty tensor whose other dimensions multiply past 2**48, "
+                    "more than any tensor can have")
+    return count
 
 
 def raw_size(tensor: TensorProto, label: str, error: type[ModelLoadError] = ModelLoadError) -> int:
@@ -47,7 +59,7 @@ def raw_size(tensor: TensorProto, label: str, error: type[ModelLoadError] = Mode
     known_type(tensor.data_type, label, error)
     if tensor.data_type == TensorProto.STRING:
         raise error(f"{label}: a string tensor keeps its data in string_data, not in raw or external data")
-    count = element_count(tensor, label, error)
+    count = checked_dims(tensor.dims, label, error)
     bits = BITS.get(tensor.data_type) or 8 * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
     return -(-count * bits // 8)
 
@@ -78,7 +90,7 @@ def tensor_value(tensor: TensorProto, label: str | None = None) -> np.ndarray:
         )
     refuse_segment(tensor, label)
     known_type(tensor.data_type, label)
-    count = element_count(tensor, label)
+    count = checked_dims(tensor.dims, label)
     if tensor.data_type == TensorProto.STRING:
         if len(tensor.string_data) != count:
             raise ModelLoadError(f"{label} has {len(tensor.string_data)} strings for dims {list(tensor.dims)}")
@@ -148,9 +160,7 @@ def sparse_to_dense(sparse: onnx.SparseTensorProto, label: str, max_bytes: int) 
     values = tensor_value(sparse.values, f"{label} (values)")
     indices = tensor_value(sparse.indices, f"{label} (indices)")
     dims = tuple(sparse.dims)
-    if any(d < 0 for d in dims):
-        raise ModelLoadError(f"{label} has a negative dimension in {list(dims)}")
-    size = math.prod(dims)
+    size = checked_dims(dims, label)
     if size * values.dtype.itemsize > max_bytes:
         raise ModelLoadError(f"{label}: its dense form {list(dims)} would exceed {max_bytes} bytes")
     nnz = values.size

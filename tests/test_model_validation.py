@@ -80,6 +80,24 @@ def negative_dims(m):
     m.graph.initializer[0].dims[:] = [-1]
 
 
+def empty_with_a_huge_dim(m):
+    """No bytes back an empty tensor's dims: NumPy's reshape to them had raised its own ValueError."""
+    m.graph.initializer[0].dims[:] = [0, 2**62]
+    m.graph.initializer[0].raw_data = b""
+
+
+def empty_constant_with_huge_dims(m):
+    value = numpy_helper.from_array(np.zeros(0, np.float32))
+    value.dims[:] = [2**40, 2**40, 0]
+    m.graph.node.append(helper.make_node("Constant", [], ["k"], value=value, name="const"))
+
+
+def sparse_empty_with_a_huge_dim(m):
+    m.graph.sparse_initializer.append(helper.make_sparse_tensor(
+        numpy_helper.from_array(np.zeros(0, np.float32), "sp"), numpy_helper.from_array(np.zeros((0, 2), np.int64)),
+        [0, 2**62]))
+
+
 def segment(m):
     m.graph.initializer[0].segment.begin = 0
 
@@ -304,6 +322,10 @@ def floats_attribute_set_as_ints(m):
     (short_raw_data, r"initializer 'b' has 8 bytes of raw_data where its dims \[3\] and type FLOAT need 12"),
     (huge_dims, r"initializer 'b' has 12 bytes of raw_data where its dims \[4611686018427387904\]"),
     (negative_dims, r"initializer 'b' has a negative dimension in \[-1\]"),
+    (empty_with_a_huge_dim, r"initializer 'b' has dims \[0, 4611686018427387904\]: an empty tensor whose other "
+                            "dimensions multiply past 2\\*\\*48"),
+    (empty_constant_with_huge_dims, r"attribute 'value' of node 'const' has dims \[1099511627776, 1099511627776, 0\]"),
+    (sparse_empty_with_a_huge_dim, r"sparse initializer 'sp' has dims \[0, 4611686018427387904\]: an empty tensor"),
     (segment, "initializer 'b' is a segment"),
     (too_few_floats, "initializer 'b' has 2 entries of float_data where its dims"),
     (newer_opset, "imports opset ai.onnx version 1000000, newer than the newest onnx"),
