@@ -455,6 +455,8 @@ class Engine:
                 if raised_in_trace(exc):
                     raise
                 raise lowering_failure("infer", exc) from exc
+            except jax.errors.JaxRuntimeError as exc:  # out of memory at launch (a Tile to 192 TB): as train_step
+                raise StepError(f"infer failed while running (the state is unchanged): {first_line(exc)}") from exc
         return {name: outputs[name] for name in self._output_names}
 
     def train_step(self, feeds: Mapping[str, Any], algorithm: int = 0) -> dict[str, Any]:

@@ -71,9 +71,9 @@ class ExportError(OnnxTrainError):
 
 
 class StepError(OnnxTrainError):
-    """A train step failed while it ran (out of device memory, a runtime XLA error), or a train step or infer
-    before it ran, JAX unable to lower or compile its program; the state is as before it unless the message says
-    otherwise, and JAX's error is the __cause__."""
+    """A train step or infer failed while it ran (out of device memory, a runtime XLA error), or before it ran, JAX
+    unable to lower or compile its program; the state is as before it unless the message says otherwise, and JAX's
+    error is the __cause__."""
 
 
 class DivergenceError(OnnxTrainError):

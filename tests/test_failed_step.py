@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 import onnxtrain
 from onnxtrain.errors import StepError
@@ -251,3 +251,17 @@ def test_a_type_error_of_onnxtrain_in_the_trace_comes_out_as_itself(monkeypatch)
     w = 0.1 * x.T @ (2 * feeds["target"] / feeds["target"].size)  # SGD's first step from W = 0 on the MSE
     assert engine.step_count == 1
     np.testing.assert_allclose(np.asarray(engine.state["W"]), w, rtol=1e-5)
+
+
+def test_an_infer_that_runs_out_of_memory_is_a_step_error():
+    """A Tile to float32[2**44, 3] (192 TiB: under the 2**48 bytes a value may have, lower/walker.py, past any
+    address space) fails to allocate when it runs: infer had let JAX's JaxRuntimeError out, not a StepError."""
+    graph = helper.make_graph(
+        [helper.make_node("Tile", ["x", "repeats"], ["y"])], "tile",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])],
+        [numpy_helper.from_array(np.array([2**43, 1], np.int64), "repeats")])
+    engine = onnxtrain.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.raises(StepError, match=r"^infer failed while running \(the state is unchanged\): ") as failed:
+        engine.infer({"x": np.ones((2, 3), np.float32)})
+    assert isinstance(failed.value.__cause__, jax.errors.JaxRuntimeError)
