@@ -374,6 +374,25 @@ def training_graph_attribute_of_another_type(m):
     info.algorithm.node[-1].attribute[0].type = onnx.AttributeProto.STRING
 
 
+def training_softmax(m, **attributes) -> onnx.NodeProto:
+    info = training_graph_reading(m, "b")
+    info.algorithm.node.append(helper.make_node("Softmax", ["b2"], ["s"], name="soft", **attributes))
+    return info.algorithm.node[-1]
+
+
+def training_graph_string_axis(m):
+    """A STRING axis had reached the lowering, whose JAX call read it as a named axis ("unbound axis name")."""
+    training_softmax(m, axis="x")
+
+
+def training_graph_unknown_attribute(m):
+    training_softmax(m, temperature=2.0)  # had been a TypeError of the lowering when traced
+
+
+def training_graph_attribute_twice(m):
+    training_softmax(m, axis=0).attribute.append(helper.make_attribute("axis", -1))  # the last had been read
+
+
 def ir_version_before_training(m):
     training_graph_reading(m, "b")
     m.ir_version = 6
@@ -389,6 +408,10 @@ def training_graph_reading(m, name):
 @pytest.mark.parametrize("break_it, message", [
     (training_graph_attribute_of_another_type, "attribute 'axis' of node 'soft' is of type STRING but sets field 'i'"),
     (ir_version_before_training, "training_info but declares ir_version 6; TrainingInfoProto exists from IR version 7"),
+    (training_graph_string_axis, "attribute 'axis' of node 'soft' is of type STRING, but Softmax-13 takes INT"),
+    (training_graph_unknown_attribute, r"attribute 'temperature' of node 'soft' is not one Softmax-13 has \(it has "
+                                       r"\['axis'\]\)"),
+    (training_graph_attribute_twice, "attribute 'axis' of node 'soft' is given 2 times; an attribute is set once"),
 ])
 @pytest.mark.parametrize("check", [True, False])
 def test_what_the_checker_passes_in_a_training_model_is_refused(break_it, message, check):

@@ -10,6 +10,7 @@ the registry and leaf modules, never the op groups (importing those registers th
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence, TypeVar
 
@@ -203,6 +204,7 @@ def build_node(
     raw = tuple(substitute_attribute_refs(proto.attribute, caller_attributes))
     label = f"node {proto.name or proto.op_type!r}"
     owner = f" of {label}"
+    check_attributes_once(raw, owner)
     attributes = {a.name: decode_attribute(a, resolver, owner) for a in raw}
     opset = resolver.opsets.get(domain)
     function = resolver.functions.get(function_id(proto))
@@ -216,6 +218,7 @@ def build_node(
             since_version = schema.since_version
             impl = lookup(domain, proto.op_type, since_version)
             check_input_count(proto, schema, label)
+            check_attributes_declared(raw, schema, proto.op_type, owner)
             check_required_attributes(proto, schema, attributes, caller_attributes is None, owner)
             for name, spec in schema.attributes.items():
                 if name not in attributes and spec.default_value.type != onnx.AttributeProto.UNDEFINED:
@@ -256,6 +259,33 @@ def check_required_attributes(proto: onnx.NodeProto, schema: onnx.defs.OpSchema,
     if missing:
         raise ModelLoadError(f"attribute {missing[0]!r}{owner} is required by {proto.op_type}-"
                              f"{schema.since_version} but not set")
+
+
+def check_attributes_once(attributes: Sequence[onnx.AttributeProto], owner: str) -> None:
+    """Each attribute is given once (what onnx.checker says of ModelProto.graph, not looking inside the training
+    graphs): of two, the lowering had silently read the last."""
+    names = Counter(a.name for a in attributes)
+    twice = sorted(name for name, count in names.items() if count > 1)
+    if twice:
+        raise ModelLoadError(f"attribute {twice[0]!r}{owner} is given {names[twice[0]]} times; an attribute is set "
+                             "once")
+
+
+def check_attributes_declared(attributes: Sequence[onnx.AttributeProto], schema: onnx.defs.OpSchema, op_type: str,
+                              owner: str) -> None:
+    """Each attribute is one the schema declares, of the type it declares (what onnx.checker says of
+    ModelProto.graph, not looking inside the training graphs): the lowering had received an unknown keyword (a
+    TypeError) or a STRING axis (JAX's error on a named axis) when traced, not at load."""
+    version = f"{op_type}-{schema.since_version}"
+    for attr in attributes:
+        spec = schema.attributes.get(attr.name)
+        if spec is None:
+            raise ModelLoadError(f"attribute {attr.name!r}{owner} is not one {version} has "
+                                 f"(it has {sorted(schema.attributes)})")
+        if attr.type != spec.type:
+            kind = onnx.AttributeProto.AttributeType
+            raise ModelLoadError(f"attribute {attr.name!r}{owner} is of type {kind.Name(attr.type)}, but {version} "
+                                 f"takes {kind.Name(int(spec.type))}")
 
 
 def check_input_count(proto: onnx.NodeProto, schema: onnx.defs.OpSchema, label: str) -> None:
