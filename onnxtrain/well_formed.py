@@ -1,7 +1,8 @@
 """What the lowering relies on and onnx.checker would catch, checked even when the checker is skipped (check=False):
 every string field is text, every value a node reads or a graph returns is defined before it is used, and defined
 once (the checker does not look across ModelProto.graph and the training graphs, which see its values, nor inside
-the training graphs at all), and a model with training graphs declares an IR version that has them."""
+the training graphs at all), model-local functions call each other neither in a cycle nor past onnx.checker's
+depth, and a model with training graphs declares an IR version that has them."""
 
 from __future__ import annotations
 
@@ -116,6 +117,52 @@ def check_functions_defined_once(model: onnx.ModelProto) -> None:
         )
 
 
+# onnx.checker's bound on a chain of model-local function calls ("Function call chain depth exceeds limit (100)"):
+# the engine expands each call when traced, several Python frames deep, and a chain of 200 had failed there as a
+# RecursionError (one of 2000 already at load, with check=False)
+MAX_CALL_DEPTH = 100
+
+
+def called_functions(nodes: Iterable[onnx.NodeProto]) -> set[tuple[str, str, str]]:
+    """The (domain, name, overload) each node calls, subgraphs' nodes included (walked without recursion)."""
+    found, pending = set(), list(nodes)
+    while pending:
+        node = pending.pop()
+        found.add((node.domain, node.op_type, node.overload))
+        for attr in node.attribute:
+            for graph in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                pending.extend(graph.node)
+    return found
+
+
+def check_function_calls(model: onnx.ModelProto) -> None:
+    """Model-local functions call each other neither in a cycle (onnx.checker: "Model-local functions must not be
+    recursive"; its expansion would never end) nor more than MAX_CALL_DEPTH deep. A depth-first walk kept on a
+    stack, not in Python's, which a chain of functions would exhaust."""
+    ids = {(f.domain, f.name, f.overload) for f in model.functions}
+    calls = {(f.domain, f.name, f.overload): sorted(called_functions(f.node) & ids) for f in model.functions}
+    depth: dict[tuple[str, str, str], int] = {}  # the longest chain of calls a function starts (1: it calls none)
+    for root in calls:
+        stack, path = [iter(calls[root])], [root]
+        while stack:
+            callee = next(stack[-1], None)
+            if callee in path:
+                cycle = " -> ".join(f"{domain}::{name}" for domain, name, _ in path[path.index(callee):] + [callee])
+                raise ModelLoadError(f"model-local functions call each other in a cycle ({cycle}); a function may "
+                                     "not call itself, directly or through others")
+            if callee is not None and callee not in depth:
+                stack.append(iter(calls[callee]))
+                path.append(callee)
+            elif callee is None:
+                key = path.pop()
+                stack.pop()
+                depth[key] = 1 + max((depth[c] for c in calls[key]), default=0)
+                if depth[key] > MAX_CALL_DEPTH:
+                    raise ModelLoadError(f"model-local function {key[1]!r} (domain {key[0]!r}) starts a chain of "
+                                         f"{depth[key]} nested function calls, more than {MAX_CALL_DEPTH} "
+                                         "(onnx.checker's bound)")
+
+
 def check_ir_version(model: onnx.ModelProto) -> None:
     """A model of an IR version before training_info existed cannot mean its training graphs (the checker lets
     them pass)."""
@@ -130,4 +177,5 @@ def check_well_formed(model: onnx.ModelProto) -> None:
     check_ir_version(model)
     check_text_fields(model)
     check_functions_defined_once(model)
+    check_function_calls(model)
     check_value_scopes(model)

@@ -141,6 +141,27 @@ def function_defined_twice(m):
     m.graph.node.append(helper.make_node("F", ["c"], ["d"], domain="local"))
 
 
+def call_chain(m, names: list[str]) -> None:
+    """local::names[0] calls names[1] ..., the last Relu; the main graph calls the first."""
+    for name, callee in zip(names, names[1:] + ["Relu"]):
+        body = helper.make_node(callee, ["x"], ["y"], domain="" if callee == "Relu" else "local")
+        m.functions.append(helper.make_function("local", name, ["x"], ["y"], [body],
+                                                [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]))
+    m.opset_import.append(helper.make_opsetid("local", 1))
+    m.graph.node.append(helper.make_node(names[0], ["c"], ["d"], domain="local"))
+
+
+def functions_calling_each_other(m):
+    """F -> G -> F: its expansion at trace had ended in a RecursionError (check=False)."""
+    call_chain(m, ["F", "G"])
+    m.functions[1].node[0].CopyFrom(helper.make_node("F", ["x"], ["y"], domain="local"))
+
+
+def function_calls_too_deep(m):
+    """A chain of 101 functions, which the checker passes: 200 had failed the first infer with a RecursionError."""
+    call_chain(m, [f"F{i}" for i in range(101)])
+
+
 def concat_without_axis(m):
     m.graph.node.append(helper.make_node("Concat", ["c", "c"], ["d"], name="cat"))  # axis had defaulted to 1
 
@@ -339,6 +360,10 @@ def floats_attribute_set_as_ints(m):
     (gemm_with_empty_b, r"input 1 \('B'\) of node 'gm' is required by Gemm-13 but left empty"),
     (call_with_an_input_too_many, "node 'call' passes 2 inputs to local function 'F', which declares 1"),
     (function_defined_twice, r"defines local function 'F' \(domain 'local'\) more than once"),
+    (functions_calling_each_other, r"model-local functions call each other in a cycle \(local::F -> local::G -> "
+                                   r"local::F\); a function may not call itself"),
+    (function_calls_too_deep, r"model-local function 'F0' \(domain 'local'\) starts a chain of 101 nested function "
+                              r"calls, more than 100"),
     (non_utf8_string_attribute, "attribute 'value_string' of node 'const' is not valid UTF-8"),
     (non_utf8_string_tensor, "a string of initializer 'words' is not valid UTF-8"),
     (unknown_input_type, "value 'a' has unknown element type 99"),
