@@ -162,6 +162,13 @@ def function_calls_too_deep(m):
     call_chain(m, [f"F{i}" for i in range(101)])
 
 
+def attribute_referring_outside_a_function(m):
+    """onnx.checker passes it; the engine had dropped the attribute, so Softmax took its default axis."""
+    m.graph.node.append(helper.make_node("Softmax", ["c"], ["s"], name="soft"))
+    reference = onnx.AttributeProto(name="axis", ref_attr_name="ax", type=onnx.AttributeProto.INT)
+    m.graph.node[-1].attribute.append(reference)
+
+
 def concat_without_axis(m):
     m.graph.node.append(helper.make_node("Concat", ["c", "c"], ["d"], name="cat"))  # axis had defaulted to 1
 
@@ -353,6 +360,8 @@ def floats_attribute_set_as_ints(m):
     (opset_zero, "imports opset ai.onnx version 0; versions start at 1"),
     (opset_twice, r"the model imports opset ai.onnx twice \(versions 17 and 13\)"),
     (function_opset, "function 'F' imports opset ai.onnx version 1000000"),
+    (attribute_referring_outside_a_function, r"attribute 'axis' of node 'soft' refers to attribute 'ax' of a "
+                                             r"calling function \(ref_attr_name\), but the node is not in a function"),
     (concat_without_axis, "attribute 'axis' of node 'cat' is required by Concat-13 but not set"),
     (gemm_with_one_input, r"node 'gm' has 1 inputs, but Gemm-13 takes 2 to 3"),
     (castlike_with_one_input, r"node 'cl' has 1 inputs, but CastLike-15 takes 2"),

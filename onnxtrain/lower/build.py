@@ -57,6 +57,8 @@ class Resolver:
     zero_initializers: frozenset[str] = frozenset()
     # reads the initializers the model keeps in external data (model.read_model's `keep`)
     external: ExternalValues | None = None
+    # binds a function body's nodes (with_opsets), the only ones whose attributes may refer to a caller's
+    in_function: bool = False
 
     def initializer_value(self, tensor: onnx.TensorProto) -> np.ndarray:
         label = f"initializer {tensor.name!r}"
@@ -65,7 +67,8 @@ class Resolver:
         return tensor_value(tensor, label) if self.external is None else self.external.value(tensor, label)
 
     def with_opsets(self, opset_import, owner: str = "a function") -> "Resolver":
-        return Resolver(opset_versions(opset_import, owner), self.functions, self.missing, self.checked)
+        return Resolver(opset_versions(opset_import, owner), self.functions, self.missing, self.checked,
+                        in_function=True)
 
 
 @functools.cache
@@ -201,9 +204,13 @@ def build_node(
     proto: onnx.NodeProto, resolver: Resolver, caller_attributes: dict[str, onnx.AttributeProto] | None = None
 ) -> Node:
     domain = canonical_domain(proto.domain)
-    raw = tuple(substitute_attribute_refs(proto.attribute, caller_attributes))
     label = f"node {proto.name or proto.op_type!r}"
     owner = f" of {label}"
+    referring = next((a for a in proto.attribute if a.ref_attr_name), None)
+    if referring is not None and not resolver.in_function:  # it would be dropped: the schema's default, a guess
+        raise ModelLoadError(f"attribute {referring.name!r}{owner} refers to attribute {referring.ref_attr_name!r} "
+                             "of a calling function (ref_attr_name), but the node is not in a function body")
+    raw = tuple(substitute_attribute_refs(proto.attribute, caller_attributes))
     check_attributes_once(raw, owner)
     attributes = {a.name: decode_attribute(a, resolver, owner) for a in raw}
     opset = resolver.opsets.get(domain)
