@@ -20,7 +20,10 @@ class UnsupportedOpError(OnnxTrainError):
 
     def __init__(self, missing: list[tuple[str, str, int]]):
         self.missing = sorted(set(missing))
-        lines = [f"  {domain or 'ai.onnx'}::{op_type} (opset {opset})" for domain, op_type, opset in self.missing]
+        # opset -1: the model imports no version of the node's domain (build.py), so no operator of it can bind
+        lines = [f"  {domain or 'ai.onnx'}::{op_type} "
+                 + (f"(opset {opset})" if opset >= 0 else "(its domain is not in the model's opset_import)")
+                 for domain, op_type, opset in self.missing]
         if any(domain == "org.pytorch.aten" for domain, _, _ in self.missing):
             lines.append("org.pytorch.aten's are PyTorch's own operators, which torch.onnx.export(..., "
                          "operator_export_type=ONNX_ATEN_FALLBACK) writes where it has no ONNX form for them: export "

@@ -59,6 +59,18 @@ def test_unknown_ops_are_reported_all_at_once():
     assert "my.domain::OtherOp (opset 3)" in str(info.value)
 
 
+def test_an_op_of_a_domain_the_model_does_not_import_says_so():
+    """Listed as "(opset -1)", Add read as an operator the engine lacks, not as a model without opset_import."""
+    model = add_model()
+    del model.opset_import[:]
+    model.graph.node.append(helper.make_node("FancyOp", ["c"], ["d"], domain="my.domain"))
+    with pytest.raises(UnsupportedOpError) as info:
+        onnxtrain.load(model, check=False)
+    assert str(info.value).splitlines()[1:] == [
+        "  ai.onnx::Add (its domain is not in the model's opset_import)",
+        "  my.domain::FancyOp (its domain is not in the model's opset_import)"]
+
+
 def test_aten_fallback_ops_are_named_with_the_export_option():
     """operator_export_type=ONNX_ATEN_FALLBACK writes each PyTorch operator without an ONNX form as an
     org.pytorch.aten::ATen node named by its `operator` attribute: the error names that operator and the option,
