@@ -192,7 +192,11 @@ def tensor_range(tensor: TensorProto, label: str, folder: Path) -> Iterator[tupl
 def read_tensor_bytes(tensor: TensorProto, label: str, folder: Path) -> tuple[bytes, Stamp]:
     """Exactly the bytes `tensor` needs, read from its confined external-data file, and the file's stamp."""
     with tensor_range(tensor, label, folder) as (file, needed, stamp):
-        data = file.read(needed)
+        try:
+            data = file.read(needed)
+        except MemoryError:  # dims no host holds, backed by a file as large (a sparse one costs no disk)
+            raise ExternalDataError(f"{label}: its {needed} bytes of external data (dims {list(tensor.dims)}) do not "
+                                    "fit in host memory") from None
     if len(data) != needed:  # the file shrank since its size was read
         raise ExternalDataError(f"{label}: external data file ended early")
     return data, stamp

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -314,3 +316,23 @@ def test_a_hard_link_in_the_folder_is_a_file_of_the_folder(tmp_path):
     make_external(model.graph.initializer[3], "b2.bin")
     (folder / "m.onnx").write_bytes(model.SerializeToString())
     np.testing.assert_array_equal(onnxtrain.load(folder / "m.onnx").state["B2"], SECRET)
+
+
+def test_external_data_that_no_host_memory_holds_is_an_external_data_error(tmp_path):
+    """dims declaring 64 GiB, backed by a sparse file as large: reading it had let Python's MemoryError out of load.
+    A child process with its address space capped at 8 GiB reads it, so that no system's overcommit lets it pass."""
+    model = mlp_adam(params(), 0.1)
+    tensor = model.graph.initializer[3]
+    tensor.dims[:] = [2**34]
+    make_external(tensor, "big.bin")
+    with open(tmp_path / "big.bin", "wb") as f:
+        f.truncate(2**36)  # sparse: no disk spent
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    child = ("import resource, sys, onnxtrain\n"
+             "resource.setrlimit(resource.RLIMIT_AS, (2**33, 2**33))\n"
+             "try:\n    onnxtrain.load(sys.argv[1])\n"
+             "except onnxtrain.errors.ExternalDataError as exc:\n    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", child, str(tmp_path / "m.onnx")], capture_output=True, text=True,
+                          timeout=300)
+    assert done.stdout.strip() == ("initializer 'B2': its 68719476736 bytes of external data (dims [17179869184]) do "
+                                   "not fit in host memory"), done.stderr[-2000:]
