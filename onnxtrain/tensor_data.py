@@ -179,7 +179,10 @@ def sparse_to_dense(sparse: onnx.SparseTensorProto, label: str, max_bytes: int) 
         if ((indices < 0) | (indices >= size)).any():
             raise ModelLoadError(f"{label}: an index lies outside the {size} elements of dims {list(dims)}")
         flat = indices
-    dense = np.zeros(size, values.dtype)
+    try:
+        dense = np.zeros(size, values.dtype)
+    except MemoryError:  # each dense form is bounded, not all of them: a few bytes of the file each
+        raise ModelLoadError(f"{label}: its dense form {list(dims)} does not fit in host memory") from None
     dense[flat] = values
     return dense.reshape(dims)
 

@@ -4,6 +4,9 @@ and reading it never blocks or reads without end."""
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +33,25 @@ def test_fifo_is_refused_without_blocking(tmp_path):
     os.mkfifo(tmp_path / "m.onnx")
     with pytest.raises(ModelLoadError, match="m.onnx' is not a regular file"):
         onnxtrain.load(tmp_path / "m.onnx")
+
+
+def test_sparse_constants_that_no_host_memory_holds_are_refused():
+    """Eight sparse Constants of 2 GiB dense each (at the bound of one, 8 bytes of the file each): their dense forms
+    had let NumPy's MemoryError out of load. A child process whose address space is capped at 8 GiB loads them, so
+    that no system's overcommit lets them pass."""
+    model = add_model()
+    for i in range(8):
+        sparse = helper.make_sparse_tensor(numpy_helper.from_array(np.ones(1, np.float32)),
+                                           numpy_helper.from_array(np.array([0], np.int64)), [2**29 - 1024])
+        model.graph.node.append(helper.make_node("Constant", [], [f"k{i}"], sparse_value=sparse, name=f"k{i}"))
+    child = ("import resource, sys, onnxtrain\n"
+             "resource.setrlimit(resource.RLIMIT_AS, (2**33, 2**33))\n"
+             "try:\n    onnxtrain.load(sys.stdin.buffer.read(), check=False)\n"
+             "except onnxtrain.errors.ModelLoadError as exc:\n    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", child], input=model.SerializeToString(), capture_output=True,
+                          timeout=300)
+    assert re.fullmatch(rb"attribute 'sparse_value' of node 'k\d': its dense form \[536869888\] does not fit in host "
+                        rb"memory\n", done.stdout), done.stderr[-2000:]
 
 
 def test_a_path_a_shell_would_have_read_otherwise_says_so(tmp_path, monkeypatch):
