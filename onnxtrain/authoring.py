@@ -447,6 +447,9 @@ def make_trainable(
     result = onnx.ModelProto()
     result.CopyFrom(model)
     graph = result.graph
+    if not prediction and not graph.output:  # the default prediction is the first output: an IndexError had said so
+        raise AuthoringError("the model's graph declares no output, so there is no prediction to train: name one "
+                             "with prediction=")
     prediction = prediction or graph.output[0].name
     declare_intermediate(result, prediction)
     check_logits(graph, loss, prediction)  # the model's own nodes: train_mode's copy renames them

@@ -225,6 +225,14 @@ def test_make_trainable_refuses_options_that_do_not_fit(options, message):
         onnxtrain.make_trainable(linear_model(), **options)
 
 
+def test_a_model_without_outputs_needs_a_prediction_named():
+    model = linear_model()
+    del model.graph.output[:]
+    with pytest.raises(onnxtrain.errors.AuthoringError, match="the model's graph declares no output, so there is no "
+                       "prediction to train: name one with prediction="):
+        onnxtrain.make_trainable(model)
+
+
 @pytest.mark.parametrize("model", [None, "model.onnx", b"bytes"])
 def test_make_trainable_names_what_it_takes(model):
     with pytest.raises(onnxtrain.errors.AuthoringError, match="make_trainable takes an onnx.ModelProto"):
