@@ -647,7 +647,7 @@ def test_label_smoothing_keeps_a_half_or_double_models_loss_type(dtype):
     declaring the prediction's type refused at the first step. The loss and one SGD step against torch's
     cross_entropy(label_smoothing=0.1) on the same scores, in float64 (float16: torch in float32 from the same
     float16 weights, to float16's precision)."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     rng = np.random.default_rng(4)
