@@ -485,6 +485,7 @@ def make_trainable(
     if reinitialize:
         reinitialize_weights(b, graph, params, weights, zeroed | halves)
     check_names_free(graph, b, inputs)
+    check_opset_forms(b, opset)
     outputs = [helper.make_value_info(value, value_type) for _, value, value_type in b.updates]
     algorithm = helper.make_graph(
         b.nodes, "train_step", inputs,
@@ -499,6 +500,25 @@ def make_trainable(
         result.opset_import.append(helper.make_opsetid(TRAINING_DOMAIN, 1))
     result.ir_version = max(result.ir_version, 7)
     return result
+
+
+# The first ai.onnx opset in which each op make_trainable writes has the form it writes it in: the training graphs
+# share the model's opset import, and an older one means another op (Cast-1 takes its `to` as a string, Add-6
+# broadcasts only with broadcast=1, Max-7 not at all). Ops absent here have one form since opset 1.
+FORM_SINCE = {"Cast": 6, "Add": 7, "Sub": 7, "Mul": 7, "Div": 7, "Pow": 7, "Equal": 7, "Max": 8, "Min": 8,
+              "Sum": 8, "Where": 9, "ConstantOfShape": 9, "ScatterND": 11}  # (the loss op: add_cross_entropy's own check)
+
+
+def check_opset_forms(b: Builder, opset: int) -> None:
+    """Each ai.onnx op the training graphs use exists in the model's opset in the form written (FORM_SINCE): one
+    that does not had been read as the older op, at load or the first step (Cast-1's string `to`)."""
+    since = {n.op_type: FORM_SINCE.get(n.op_type, 1) for n in b.nodes + b.init_nodes if n.domain in ("", "ai.onnx")}
+    if newer := sorted((version, op) for op, version in since.items() if version > opset):
+        needed = max(version for version, _ in newer)
+        ops = ", ".join(f"{op} from {version}" for version, op in newer)
+        raise AuthoringError(f"the training graphs need ai.onnx opset {needed} or later ({ops}), and the model "
+                             f"imports opset {opset}: convert it first "
+                             f"(onnx.version_converter.convert_version(model, {max(needed, 13)}))")
 
 
 def check_names_free(graph: onnx.GraphProto, b: Builder, inputs: list[onnx.ValueInfoProto]) -> None:

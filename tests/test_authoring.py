@@ -233,6 +233,33 @@ def test_a_model_without_outputs_needs_a_prediction_named():
         onnxtrain.make_trainable(model)
 
 
+@pytest.mark.parametrize("opset, options, message", [
+    (5, {}, r"opset 7 or later \(Cast from 6, Mul from 7, Sub from 7\), and the model imports opset 5: convert it first"),
+    (8, {"accumulate": 2}, r"opset 9 or later \(ConstantOfShape from 9, Where from 9\), and the model imports opset 8"),
+])
+def test_a_model_older_than_the_ops_the_training_graphs_write_is_refused_naming_them(opset, options, message):
+    """The training graphs share the model's opset import: Cast-1 would read make_trainable's integer `to` as a
+    string, Add-6 broadcast only with broadcast=1, and Where does not exist before opset 9."""
+    model = linear_model()
+    model.opset_import[0].version = opset
+    with pytest.raises(onnxtrain.errors.AuthoringError, match=message):
+        onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", **options)
+
+
+def test_an_opset_9_model_trains_as_numpy_computes_it():
+    """Opset 9 has every op plain SGD on a mean squared error writes: the step is NumPy's."""
+    model = linear_model()
+    model.opset_import[0].version = 9
+    engine = onnxtrain.load(onnxtrain.make_trainable(model, loss="mse", optimizer="sgd", learning_rate=0.5))
+    x = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+    t = np.random.default_rng(1).normal(size=(5, 3)).astype(np.float32)
+    w = np.full((4, 3), 0.1, np.float32)
+    loss = engine.train_step({"X": x, "target": t})["loss"]
+    np.testing.assert_allclose(loss, np.mean((x @ w - t) ** 2), rtol=1e-6)
+    expected = w - 0.5 * x.T @ (2 * (x @ w - t) / t.size)
+    np.testing.assert_allclose(np.asarray(engine.state["W"]), expected, rtol=1e-5)
+
+
 @pytest.mark.parametrize("model", [None, "model.onnx", b"bytes"])
 def test_make_trainable_names_what_it_takes(model):
     with pytest.raises(onnxtrain.errors.AuthoringError, match="make_trainable takes an onnx.ModelProto"):
