@@ -490,7 +490,8 @@ def choose_trainable(model: onnx.ModelProto,
         left_out = constants(model, records)
         chosen = [n for n in floats if n not in left_out and (trainable is None or re.fullmatch(trainable, n))]
         if not chosen:
-            why = "" if floats else attribute_weights(model.graph) + weights_left_out(model.graph)
+            why = "" if floats else (attribute_weights(model.graph) + weights_left_out(model.graph)
+                                     + sparse_weights(model.graph))
             raise AuthoringError(f"trainable: no parameter matches {trainable!r} (float initializers: {floats[:20]})"
                                  f"{why}")
     else:
@@ -514,6 +515,16 @@ def attribute_weights(graph: onnx.GraphProto) -> str:
             f"not differentiate (it differentiates with respect to tensors): a model trains when its weights are "
             f"initializers of plain ops, as skl2onnx writes a linear model for float64 inputs "
             f"(to_onnx(model, X.astype(numpy.float64)))")
+
+
+def sparse_weights(graph: onnx.GraphProto) -> str:
+    """Why a model without float initializers has nothing to train, where its float weights are sparse
+    initializers: make_trainable trains dense initializers (graph.initializer), whose values a state variable holds."""
+    names = [t.values.name for t in graph.sparse_initializer if t.values.data_type in TRAINING_FLOAT_TYPES]
+    if not names:
+        return ""
+    return (f"; its float weights {names[:5]}{'...' if len(names) > 5 else ''} are sparse initializers, which "
+            "make_trainable does not train: store them as dense initializers (graph.initializer) to train them")
 
 
 # What torch.onnx.export(..., export_params=False) does with the weights, and what to do instead

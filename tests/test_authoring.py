@@ -619,6 +619,24 @@ def test_a_converters_maps_or_attribute_weights_say_what_to_convert_instead():
         onnxtrain.make_trainable(model, loss="mse")
 
 
+def test_sparse_weights_say_they_are_not_trained():
+    """A model whose only float weights are sparse initializers had been told "no parameter matches None (float
+    initializers: [])"."""
+    from onnx import TensorProto, helper
+
+    values = helper.make_tensor("W", TensorProto.FLOAT, [2], [0.5, -1.0])
+    indices = helper.make_tensor("W_indices", TensorProto.INT64, [2], [0, 3])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])], "sparse",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 2])],
+        sparse_initializer=[helper.make_sparse_tensor(values, indices, [2, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(onnxtrain.errors.AuthoringError, match=r"its float weights \['W'\] are sparse initializers, "
+                       r"which make_trainable does not train: store them as dense initializers"):
+        onnxtrain.make_trainable(model, loss="mse")
+
+
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 def test_an_export_without_its_weights_says_to_export_them(dynamo, tmp_path):
     """torch.onnx.export(..., export_params=False) leaves the weights out: TorchScript's exporter as graph inputs,
