@@ -361,6 +361,19 @@ class LossInForward(torch.nn.Module):
         return {"hidden": hidden, "logits": logits, "loss": loss, "scores": logits}
 
 
+def own_loss_sgd_steps(module: torch.nn.Module, x: np.ndarray, labels: np.ndarray) -> list[float]:
+    """The losses of STEPS plain SGD steps of PyTorch on the loss `module` returns for (x, labels=labels)."""
+    optimizer = torch.optim.SGD(module.parameters(), lr=LR)
+    losses = []
+    for _ in range(STEPS):
+        optimizer.zero_grad()
+        value = module(torch.from_numpy(x), labels=torch.from_numpy(labels))["loss"]
+        value.backward()
+        optimizer.step()
+        losses.append(value.item())
+    return losses
+
+
 def test_from_torch_names_a_mapping_s_outputs_after_its_keys_and_takes_keyword_arguments():
     """kwargs= reaches forward as keyword arguments, and a returned dict's outputs are named after its keys (the
     exporter had named them `tanh`, `linear_1`, `cross_entropy_loss`), so loss="output:loss" names the loss forward
@@ -376,15 +389,7 @@ def test_from_torch_names_a_mapping_s_outputs_after_its_keys_and_takes_keyword_a
     assert [i.name for i in trainable.graph.input] == ["x", "labels"]
     engine = onnxtrain.load(trainable)
     losses = [float(engine.train_step({"x": x, "labels": labels})["loss"]) for _ in range(STEPS)]
-    optimizer = torch.optim.SGD(module.parameters(), lr=LR)
-    expected = []
-    for _ in range(STEPS):
-        optimizer.zero_grad()
-        value = module(torch.from_numpy(x), labels=torch.from_numpy(labels))["loss"]
-        value.backward()
-        optimizer.step()
-        expected.append(value.item())
-    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    np.testing.assert_allclose(losses, own_loss_sgd_steps(module, x, labels), rtol=1e-5)
     with torch.no_grad():
         np.testing.assert_allclose(np.asarray(engine.infer({"x": x, "labels": labels})["logits"]),
                                    module(torch.from_numpy(x), labels=torch.from_numpy(labels))["logits"].numpy(),
@@ -417,15 +422,7 @@ def test_a_loss_whose_label_smoothing_the_exporter_dropped_is_warned_and_its_adv
                                          output_names=["hidden", "scores", "own_loss", "logits"], **options)
     engine = onnxtrain.load(trainable)
     losses = [float(engine.train_step({"x": x, "labels": labels, "target": labels})["loss"]) for _ in range(STEPS)]
-    optimizer = torch.optim.SGD(module.parameters(), lr=LR)
-    expected = []
-    for _ in range(STEPS):
-        optimizer.zero_grad()
-        value = module(torch.from_numpy(x), labels=torch.from_numpy(labels))["loss"]
-        value.backward()
-        optimizer.step()
-        expected.append(value.item())
-    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    np.testing.assert_allclose(losses, own_loss_sgd_steps(module, x, labels), rtol=1e-5)
 
 
 class Pooled(torch.nn.Module):
