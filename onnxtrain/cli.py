@@ -158,6 +158,12 @@ def cmd_train(args: argparse.Namespace) -> None:
             history = fit(engine, array_batches(arrays, args.batch_size, seed=args.seed, start=done), remaining,
                           algorithm=args.algorithm, loss=args.loss, log_every=max(1, args.steps // 20),
                           checkpoint=args.output, checkpoint_every=args.checkpoint_every, on_log=print_loss)
+    except DivergenceError as exc:  # its advice is the API's (engine.load_state): say the command line's too
+        keep = (f"the same command with --resume goes on from {args.output} (the last checkpoint before it, "
+                "where one was written)" if args.output
+                else "-o PATH keeps checkpoints a run with --resume goes on from")
+        raise DivergenceError(f"{exc}; on the command line: {keep}, and make-trainable's --lr sets a lower "
+                              "rate") from exc
     except KeyboardInterrupt:
         if args.output and engine.step_count > done:  # the steps taken are kept, as at a checkpoint (finite)
             check_finite(engine, engine.step_count - done - 1, {}, state=True)

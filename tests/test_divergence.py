@@ -103,6 +103,10 @@ def test_the_cli_refuses_to_write_a_diverged_model(tmp_path):
     assert result.returncode == 1, result
     last = result.stderr.strip().splitlines()[-1]  # after the progress bar
     assert last.startswith("onnxtrain: error: training diverged: loss 'loss' is"), result.stderr
+    # the API's advice (engine.load_state), and the command line's
+    assert last.endswith(f"on the command line: the same command with --resume goes on from {out} (the last "
+                         "checkpoint before it, where one was written), and make-trainable's --lr sets a lower "
+                         "rate"), last
     assert "Traceback" not in result.stderr and not out.exists()
 
 
