@@ -102,6 +102,13 @@ WARNED: dict[tuple[str, str], str] = {
 RECIPE_WARNED = {"gemma": "has a padding row", "bart": "has a padding row"}
 
 
+# model -> the absolute tolerance of its output after training, where PyTorch's own float32 loop strays further
+# than 1e-5: CLIP's logit scale (exp(2.66), 14.3) multiplies the rounding of its cosine similarities, and on an
+# Intel Xeon host (AVX-512, AMX) PyTorch's float32 logits after 5 steps were 4.6e-5 from its float64 loop's, the
+# engine's 4.6e-6 (on the AMD EPYC hosts the two had agreed within 1e-5)
+OUTPUT_ATOL = {"clip": 1e-4}
+
+
 @dataclass
 class Reference:
     """The PyTorch loop: the untrained and the trained module, its inputs and target, the losses it saw."""
@@ -112,6 +119,7 @@ class Reference:
     target: np.ndarray
     losses: list[float]
     output: np.ndarray  # the trained module's output on `inputs`
+    output_atol: float = 1e-5  # how far that output may be from the engine's after training (OUTPUT_ATOL)
 
 
 def torch_loss(kind: str, prediction, target):
@@ -147,7 +155,7 @@ def reference(name: str) -> Reference:
         shape = tuple(initial(*(torch.from_numpy(a) for a in inputs)).shape)
     target = zoo.target(rng, shape)
     losses, output = torch_training(trained, inputs, target, zoo.loss)
-    return Reference(initial, trained, inputs, target, losses, output)
+    return Reference(initial, trained, inputs, target, losses, output, OUTPUT_ATOL.get(name, 1e-5))
 
 
 def export(module, inputs: tuple[np.ndarray, ...], path: Path, options: dict) -> onnx.ModelProto:
@@ -230,11 +238,11 @@ def check_training(trainable: onnx.ModelProto, ref: Reference, after: onnx.Model
             np.testing.assert_allclose(np.asarray(engine.state[name]), expected[name], rtol=RTOL, atol=1e-6,
                                        err_msg=f"trained {name}; {context}")
     output = trainable.graph.output[0].name
-    np.testing.assert_allclose(np.asarray(engine.infer(feeds)[output]), ref.output, rtol=RTOL, atol=1e-5,
+    np.testing.assert_allclose(np.asarray(engine.infer(feeds)[output]), ref.output, rtol=RTOL, atol=ref.output_atol,
                                err_msg="inference after training")
     engine.export(tmp_path / "trained.onnx")
     session = ort.InferenceSession(str(tmp_path / "trained.onnx"), providers=["CPUExecutionProvider"])
-    np.testing.assert_allclose(session.run([output], feeds)[0], ref.output, rtol=RTOL, atol=1e-5,
+    np.testing.assert_allclose(session.run([output], feeds)[0], ref.output, rtol=RTOL, atol=ref.output_atol,
                                err_msg="ONNX Runtime on the exported trained model")
 
 
