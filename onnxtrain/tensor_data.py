@@ -36,10 +36,14 @@ def known_type(elem_type: int, what: str, error: type[ModelLoadError] = ModelLoa
     return elem_type
 
 
+# Values over this size are refused before XLA sees them (lower/walker.py's check_sizes): a shape whose byte size
+# overflows XLA's int64 extent arithmetic aborts the whole process (SIGABRT, e.g. Expand to [2**63-1]). No device
+# holds 256 TiB anyway.
+MAX_VALUE_BYTES = 2**48
 # The most elements an empty tensor's non-zero dimensions may multiply to: no data backs them (a dimension of 0
 # leaves no bytes to check), and NumPy refuses a shape whose non-zero dims overflow its sizes (a raw ValueError).
-# The bound of the largest value a node may produce (lower/walker.py's MAX_VALUE_BYTES), counted in elements.
-MAX_EMPTY_EXTENT = 2**48
+# The bound of the largest value a node may produce, counted in elements.
+MAX_EMPTY_EXTENT = MAX_VALUE_BYTES
 
 
 def checked_dims(dims, label: str, error: type[ModelLoadError] = ModelLoadError) -> int:

@@ -15,6 +15,7 @@ import onnx
 from ..dtypes import onnx_type
 from ..errors import NodeError, OnnxTrainError, StaticValueRequired
 from ..ir import Graph, Node
+from ..tensor_data import MAX_VALUE_BYTES
 from . import layout
 from .autocast import MixedPrecision, autocasting
 from .build import FunctionId, Resolver, build_node, missing_required, raise_if_missing
@@ -271,11 +272,6 @@ def call_node(
         return layout.call(node.impl.fn, node.impl.layout, args, attrs)
     with static_evaluation():
         return to_static(layout.channels_first_results(node.impl.fn(*args, **attrs)))
-
-
-# Values over this size are refused before XLA sees them: a shape whose byte size overflows XLA's int64 extent
-# arithmetic aborts the whole process (SIGABRT, e.g. Expand to [2**63-1]). No device holds 256 TiB anyway.
-MAX_VALUE_BYTES = 2**48
 
 
 def check_sizes(node: "Node", results: Sequence[Value]) -> None:
