@@ -364,7 +364,33 @@ def floats_attribute_set_as_ints(m):
     value.ints[:] = [1]
 
 
+def cast_to_no_type(m):
+    m.graph.node.append(helper.make_node("Cast", ["c"], ["d"], to=99, name="cast"))  # had been a KeyError traced
+
+
+def cast_to_undefined(m):
+    m.graph.node.append(helper.make_node("Cast", ["c"], ["d"], to=TensorProto.UNDEFINED, name="cast"))
+
+
+def eye_like_of_strings(m):
+    m.graph.node.append(helper.make_node("EyeLike", ["c"], ["d"], dtype=TensorProto.STRING, name="eye"))
+
+
+def random_normal_of_ints(m):
+    m.graph.node.append(helper.make_node("RandomNormal", [], ["d"], shape=[2], dtype=TensorProto.INT64, name="rn"))
+
+
+def layer_norm_stashed_in_no_type(m):
+    m.graph.node.append(helper.make_node("LayerNormalization", ["c", "b"], ["d"], stash_type=-1, name="ln"))
+
+
 @pytest.mark.parametrize("break_it, message", [
+    (cast_to_no_type, "attribute 'to' of node 'cast' is 99, which is not a TensorProto data type"),
+    (cast_to_undefined, "attribute 'to' of node 'cast' is 0, which is not a TensorProto data type"),
+    (eye_like_of_strings, r"attribute 'dtype' of node 'eye' is STRING, which EyeLike-9's output 'output' cannot "
+                          r"have \(it takes \['tensor\(bool\)', 'tensor\(double\)'"),
+    (random_normal_of_ints, "attribute 'dtype' of node 'rn' is INT64, which RandomNormal-1's output 'output' cannot"),
+    (layer_norm_stashed_in_no_type, "attribute 'stash_type' of node 'ln' is -1, which is not a TensorProto data type"),
     (raw_and_typed_data, "initializer 'b' holds values both in raw_data and in float_data"),
     (int_attribute_set_as_float, "attribute 'axis' of node 'soft' is of type INT but sets field 'f', not 'i'"),
     (floats_attribute_set_as_ints, "attribute 'value_floats' of node 'const' is of type FLOATS but sets field 'ints'"),
@@ -413,6 +439,24 @@ def test_malformed_model_is_one_model_load_error(break_it, message):
         onnxtrain.load(model.SerializeToString())
 
 
+def test_a_data_type_attribute_of_an_allowed_type_or_its_default_runs():
+    """The data-type check (DATA_TYPE_ATTRIBUTES) passes what the output may have, and a schema default given
+    explicitly (QuantizeLinear's output_dtype 0, "not supplied")."""
+    model = add_model()
+    model.graph.node.extend([
+        helper.make_node("EyeLike", ["c"], ["e"], dtype=TensorProto.INT32, k=1),
+        helper.make_node("QuantizeLinear", ["c", "s"], ["q"], output_dtype=0),
+    ])
+    model.graph.initializer.append(numpy_helper.from_array(np.array(0.5, np.float32), "s"))
+    model.graph.output.extend([helper.make_tensor_value_info("e", TensorProto.INT32, [3, 3]),
+                               helper.make_tensor_value_info("q", TensorProto.UINT8, [3, 3])])
+    model.opset_import[0].version = 21
+    a = np.arange(9, dtype=np.float32).reshape(3, 3)
+    result = onnxtrain.load(model).infer({"a": a})
+    np.testing.assert_array_equal(result["e"], np.eye(3, k=1, dtype=np.int32))
+    np.testing.assert_array_equal(result["q"], np.clip(np.round((a + 1) / 0.5), 0, 255).astype(np.uint8))
+
+
 def test_one_opset_version_listed_twice_loads():
     """skl2onnx 1.20 lists ("", 22) twice in a LogisticRegression(zipmap=False) or LinearRegression export; the
     checker and ONNX Runtime take it (one version, no guess of which the nodes mean), and so does the engine. Two
@@ -449,6 +493,19 @@ def training_graph_attribute_twice(m):
     training_softmax(m, axis=0).attribute.append(helper.make_attribute("axis", -1))  # the last had been read
 
 
+def training_graph_cast_to_no_type(m):
+    """onnx.checker passes a Cast to 99 in any graph; the training graph's had failed at the first step."""
+    info = training_graph_reading(m, "b")
+    info.algorithm.node.append(helper.make_node("Cast", ["b2"], ["s"], to=99, name="cast"))
+
+
+def initialization_random_of_strings(m):
+    info = training_graph_reading(m, "b")
+    info.initialization.CopyFrom(helper.make_graph(
+        [helper.make_node("RandomUniform", [], ["r"], shape=[3], dtype=TensorProto.STRING, name="init")], "init", [],
+        [helper.make_tensor_value_info("r", TensorProto.FLOAT, [3])]))
+
+
 def ir_version_before_training(m):
     training_graph_reading(m, "b")
     m.ir_version = 6
@@ -468,6 +525,8 @@ def training_graph_reading(m, name):
     (training_graph_unknown_attribute, r"attribute 'temperature' of node 'soft' is not one Softmax-13 has \(it has "
                                        r"\['axis'\]\)"),
     (training_graph_attribute_twice, "attribute 'axis' of node 'soft' is given 2 times; an attribute is set once"),
+    (training_graph_cast_to_no_type, "attribute 'to' of node 'cast' is 99, which is not a TensorProto data type"),
+    (initialization_random_of_strings, "attribute 'dtype' of node 'init' is STRING, which RandomUniform-1's output"),
 ])
 @pytest.mark.parametrize("check", [True, False])
 def test_what_the_checker_passes_in_a_training_model_is_refused(break_it, message, check):
