@@ -41,6 +41,22 @@ def test_gradient_with_respect_to_a_name_the_graph_does_not_define_is_an_error()
     np.testing.assert_array_equal(np.asarray(engine.state["B"]), np.zeros(1, np.float32))
 
 
+def test_gradient_of_an_integer_y_is_an_error():
+    """An integer y (the loss cast to int64) has no derivative: JAX had returned zero gradients, so the step ran
+    and W, B never trained. The step fails before it runs: the state is as it was."""
+    m = linear_regression(np.zeros((2, 1), np.float32), np.zeros(1, np.float32), 0.1)
+    algorithm = m.training_info[0].algorithm
+    gradient = next(n for n in algorithm.node if n.op_type == "Gradient")
+    gradient.name = "grad"
+    next(a for a in gradient.attribute if a.name == "y").s = b"IntLoss"
+    algorithm.node.insert(list(algorithm.node).index(gradient),
+                          helper.make_node("Cast", ["Loss"], ["IntLoss"], to=TensorProto.INT64))
+    engine = onnxtrain.load(m)
+    with pytest.raises(NodeError, match=r"Gradient 'grad': y='IntLoss' is int64, which has no derivative"):
+        engine.train_step({"X": np.ones((2, 2), np.float32), "T": np.ones((2, 1), np.float32)})
+    np.testing.assert_array_equal(np.asarray(engine.state["W"]), np.zeros((2, 1), np.float32))
+
+
 @pytest.mark.parametrize("data", ["X", "C"])  # traced data: checked on the traced result; static: before running
 def test_a_result_too_large_for_any_device_is_refused_before_xla_sees_it(data):
     """Expand to [2**63 - 1] aborted the whole process (SIGABRT from XLA's int64 size arithmetic)."""

@@ -84,6 +84,10 @@ def gradient(*inputs, xs: Sequence[str], y: str, zs: Sequence[str] = (), ctx: No
                     if i in taps:  # a lookup of a table: its rows' gradient is taken too
                         looked_up = ctx.siblings[i].outputs[0]
                         scope[looked_up] = tapped(scope[looked_up], taps[i])
+        y_dtype = jnp.result_type(scope[y])
+        if not jnp.issubdtype(y_dtype, jnp.floating):  # a step function's: JAX had returned zero gradients
+            raise NodeError(f"{ctx.node.label}: y={y!r} is {y_dtype}, which has no derivative: a Gradient's y is a "
+                            "float tensor (the schema's outputs, its gradients, are float16, float or double)")
         traced = {name: v for name, v in scope.values.items() if name not in xs and not is_static(v)}
         return jnp.sum(scope[y]), traced
 
