@@ -158,9 +158,28 @@ def zeros_of(tensor: TensorProto) -> np.ndarray:
     return np.zeros(tuple(tensor.dims), helper.tensor_dtype_to_np_dtype(tensor.data_type))
 
 
-def sparse_to_dense(sparse: onnx.SparseTensorProto, label: str, max_bytes: int) -> np.ndarray:
+class DenseBudget:
+    """The bytes the dense forms of a model's sparse tensors may take together: each is bounded as one dense tensor
+    in the proto is (sparse_to_dense's `max_bytes`), and all of them as all of a model's dense tensors in the proto
+    are, by `limit`. Many sparse tensors, a few bytes of the file each, had exhausted host memory at load."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.taken = 0
+
+    def take(self, nbytes: int, label: str) -> None:
+        if self.taken + nbytes > self.limit:
+            raise ModelLoadError(f"{label}: its dense form of {nbytes} bytes takes the dense forms of the model's "
+                                 f"sparse tensors past {self.limit} bytes together ({self.taken} before it); store "
+                                 "the large ones dense")
+        self.taken += nbytes
+
+
+def sparse_to_dense(sparse: onnx.SparseTensorProto, label: str, max_bytes: int,
+                    budget: DenseBudget | None = None) -> np.ndarray:
     """A SparseTensorProto as a dense array (indices are flat positions, or one coordinate row per value).
-    Its dense size is bounded by `max_bytes`: unlike a dense tensor, no data in the file backs it."""
+    Its dense size is bounded by `max_bytes`, and taken from `budget`: unlike a dense tensor, no data in the file
+    backs it."""
     values = tensor_value(sparse.values, f"{label} (values)")
     indices = tensor_value(sparse.indices, f"{label} (indices)")
     dims = tuple(sparse.dims)
@@ -183,6 +202,8 @@ def sparse_to_dense(sparse: onnx.SparseTensorProto, label: str, max_bytes: int) 
         if ((indices < 0) | (indices >= size)).any():
             raise ModelLoadError(f"{label}: an index lies outside the {size} elements of dims {list(dims)}")
         flat = indices
+    if budget is not None:  # once the tensor is known well formed: a malformed one is refused for what it is
+        budget.take(size * values.dtype.itemsize, label)
     try:
         dense = np.zeros(size, values.dtype)
     except MemoryError:  # each dense form is bounded, not all of them: a few bytes of the file each

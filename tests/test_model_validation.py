@@ -37,8 +37,9 @@ def test_fifo_is_refused_without_blocking(tmp_path):
 
 def test_sparse_constants_that_no_host_memory_holds_are_refused():
     """Eight sparse Constants of 2 GiB dense each (at the bound of one, 8 bytes of the file each): their dense forms
-    had let NumPy's MemoryError out of load. A child process whose address space is capped at 8 GiB loads them, so
-    that no system's overcommit lets them pass."""
+    had let NumPy's MemoryError out of load; the second now takes their total past the bound of all of them
+    (DenseBudget). A child process whose address space is capped at 8 GiB loads them, so that no system's
+    overcommit lets them pass."""
     model = add_model()
     for i in range(8):
         sparse = helper.make_sparse_tensor(numpy_helper.from_array(np.ones(1, np.float32)),
@@ -50,8 +51,37 @@ def test_sparse_constants_that_no_host_memory_holds_are_refused():
              "except onnxtrain.errors.ModelLoadError as exc:\n    print(exc)\n")
     done = subprocess.run([sys.executable, "-c", child], input=model.SerializeToString(), capture_output=True,
                           timeout=300)
-    assert re.fullmatch(rb"attribute 'sparse_value' of node 'k\d': its dense form \[536869888\] does not fit in host "
-                        rb"memory\n", done.stdout), done.stderr[-2000:]
+    assert re.fullmatch(rb"attribute 'sparse_value' of node 'k1': its dense form of 2147479552 bytes takes the dense "
+                        rb"forms of the model's sparse tensors past 2147483647 bytes together \(2147479552 before "
+                        rb"it\); store the large ones dense\n", done.stdout), done.stderr[-2000:]
+
+
+def sparse_vector(name: str, size: int, position: int, value: float) -> onnx.SparseTensorProto:
+    return helper.make_sparse_tensor(numpy_helper.from_array(np.array([value], np.float32), name),
+                                     numpy_helper.from_array(np.array([position], np.int64)), [size])
+
+
+def test_sparse_tensors_each_under_the_bound_are_bounded_together(monkeypatch):
+    """Sparse initializers and constants, in every graph, each far under the bound of one, take one budget: 3 of
+    400 dense bytes load (their dense values as NumPy writes them), a 4th in the training graph takes them past 1500."""
+    from onnxtrain.lower import build
+    monkeypatch.setattr(build, "MAX_SPARSE_DENSE_BYTES", 1500)
+    model = add_model()
+    model.graph.sparse_initializer.extend([sparse_vector("s0", 100, 3, 2.0), sparse_vector("s1", 100, 99, -1.0)])
+    model.graph.node.append(helper.make_node("Constant", [], ["s2"], sparse_value=sparse_vector("s2", 100, 0, 5.0)))
+    model.graph.node.append(helper.make_node("Sum", ["s0", "s1", "s2"], ["s"]))
+    model.graph.output.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, [100]))
+    expected = np.zeros(100, np.float32)
+    expected[[3, 99, 0]] = [2.0, -1.0, 5.0]
+    engine = onnxtrain.load(model)
+    np.testing.assert_array_equal(engine.infer({"a": np.ones((1, 3), np.float32)})["s"], expected)
+    info = training_graph_reading(model, "b")
+    info.algorithm.node.append(helper.make_node("Constant", [], ["s3"], sparse_value=sparse_vector("s3", 100, 1, 1.0),
+                                                name="k3"))
+    with pytest.raises(ModelLoadError, match=r"attribute 'sparse_value' of node 'k3': its dense form of 400 bytes "
+                                             r"takes the dense forms of the model's sparse tensors past 1500 bytes "
+                                             r"together \(1200 before it\)"):
+        onnxtrain.load(model)
 
 
 def test_a_path_a_shell_would_have_read_otherwise_says_so(tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ from ..dtypes import type_name
 from ..errors import ModelLoadError, UnsupportedOpError
 from ..external_data import ExternalValues
 from ..ir import METADATA_PREFIX, Graph, Node, ValueInfo
-from ..tensor_data import decode_utf8, holds_no_data, known_type, tensor_value, zeros_of
+from ..tensor_data import DenseBudget, decode_utf8, holds_no_data, known_type, tensor_value, zeros_of
 from ..well_formed import check_well_formed
 from .registry import canonical_domain, lookup, schema_for
 
@@ -60,6 +60,8 @@ class Resolver:
     external: ExternalValues | None = None
     # binds a function body's nodes (with_opsets), the only ones whose attributes may refer to a caller's
     in_function: bool = False
+    # what the dense forms of the sparse tensors bound so far take, shared with function bodies' resolvers
+    sparse_budget: DenseBudget = field(default_factory=lambda: DenseBudget(MAX_SPARSE_DENSE_BYTES))
 
     def initializer_value(self, tensor: onnx.TensorProto) -> np.ndarray:
         label = f"initializer {tensor.name!r}"
@@ -69,7 +71,7 @@ class Resolver:
 
     def with_opsets(self, opset_import, owner: str = "a function") -> "Resolver":
         return Resolver(opset_versions(opset_import, owner), self.functions, self.missing, self.checked,
-                        in_function=True)
+                        in_function=True, sparse_budget=self.sparse_budget)
 
 
 @functools.cache
@@ -121,8 +123,13 @@ def value_info(vi: onnx.ValueInfoProto) -> ValueInfo:
     return ValueInfo(vi.name, elem_type, shape, detached(vi.type))
 
 
-def sparse_to_dense(sparse: onnx.SparseTensorProto, label: str) -> np.ndarray:
-    return tensor_data.sparse_to_dense(sparse, label, max_bytes=PROTOBUF_LIMIT)
+# The most bytes the dense forms of a model's sparse tensors take together (DenseBudget), read when a model's
+# binding starts: what all of a model's dense tensors in the proto can take (each one's bound is the same).
+MAX_SPARSE_DENSE_BYTES = PROTOBUF_LIMIT
+
+
+def sparse_to_dense(sparse: onnx.SparseTensorProto, label: str, resolver: Resolver) -> np.ndarray:
+    return tensor_data.sparse_to_dense(sparse, label, PROTOBUF_LIMIT, resolver.sparse_budget)
 
 
 # AttributeProto's value field of each type (onnx.proto: `type` "MUST be set and match the f|i|s|t|... field in
@@ -157,7 +164,7 @@ def decode_attribute(attr: onnx.AttributeProto, resolver: Resolver, owner: str =
         kind.INT: lambda: int(attr.i),
         kind.STRING: lambda: decode_utf8(attr.s, what),
         kind.TENSOR: lambda: tensor_value(attr.t, what),
-        kind.SPARSE_TENSOR: lambda: sparse_to_dense(attr.sparse_tensor, what),
+        kind.SPARSE_TENSOR: lambda: sparse_to_dense(attr.sparse_tensor, what, resolver),
         kind.GRAPH: lambda: build_graph(attr.g, resolver),
         kind.TYPE_PROTO: lambda: attr.tp,
         kind.FLOATS: lambda: [float(f) for f in attr.floats],
@@ -165,7 +172,7 @@ def decode_attribute(attr: onnx.AttributeProto, resolver: Resolver, owner: str =
         kind.STRINGS: lambda: [decode_utf8(s, what) for s in attr.strings],
         kind.TENSORS: lambda: [tensor_value(t, what) for t in attr.tensors],
         kind.GRAPHS: lambda: [build_graph(g, resolver) for g in attr.graphs],
-        kind.SPARSE_TENSORS: lambda: [sparse_to_dense(t, what) for t in attr.sparse_tensors],
+        kind.SPARSE_TENSORS: lambda: [sparse_to_dense(t, what, resolver) for t in attr.sparse_tensors],
         kind.TYPE_PROTOS: lambda: list(attr.type_protos),
     }
     if attr.type not in decoders:
@@ -379,7 +386,8 @@ def schema_has_body(schema: onnx.defs.OpSchema | None, opset: int | None) -> boo
 def build_graph(proto: onnx.GraphProto, resolver: Resolver) -> Graph:
     initializers = {t.name: resolver.initializer_value(t) for t in proto.initializer}
     for sparse in proto.sparse_initializer:
-        initializers[sparse.values.name] = sparse_to_dense(sparse, f"sparse initializer {sparse.values.name!r}")
+        label = f"sparse initializer {sparse.values.name!r}"
+        initializers[sparse.values.name] = sparse_to_dense(sparse, label, resolver)
     return Graph(
         name=proto.name,
         inputs=tuple(value_info(v) for v in proto.input),
