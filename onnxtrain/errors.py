@@ -48,6 +48,17 @@ class NodeError(OnnxTrainError):
     """A node cannot be lowered with the values it receives (bad attribute, incompatible shapes...)."""
 
 
+class ValueTooLargeError(NodeError):
+    """A node's result would be larger than what must hold it: this host's memory for a value built on the host (a
+    constant: ConstantOfShape, Range, any node whose inputs are all known at compile time, computed at load), any
+    device's for a traced one. Raised before it is allocated; at load where its inputs are constants."""
+
+    def __init__(self, description: str, node: str | None = None):
+        self.description = description
+        self.node = node
+        super().__init__(f"{node}: {description}" if node else description)
+
+
 class StaticValueRequired(NodeError):
     """An input that XLA needs at compile time (a shape, an axis list, a count) is only known at run time."""
 

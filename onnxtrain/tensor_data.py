@@ -4,6 +4,7 @@ dims and type declare: a malformed tensor is a ModelLoadError naming it, never a
 from __future__ import annotations
 
 import math
+import os
 import sys
 from typing import Iterator, Mapping
 
@@ -44,6 +45,10 @@ MAX_VALUE_BYTES = 2**48
 # leaves no bytes to check), and NumPy refuses a shape whose non-zero dims overflow its sizes (a raw ValueError).
 # The bound of the largest value a node may produce, counted in elements.
 MAX_EMPTY_EXTENT = MAX_VALUE_BYTES
+# Values computed at load or trace time from constants (ConstantOfShape, Range, a node of constants: the walker's
+# static values) are built in host memory, so none can be larger than it: one that is (a constant shape of 32 GiB)
+# is refused before it is allocated, not met as NumPy's MemoryError or the system's out-of-memory killer.
+MAX_HOST_VALUE_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def checked_dims(dims, label: str, error: type[ModelLoadError] = ModelLoadError) -> int:

@@ -9,7 +9,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnxtrain
-from onnxtrain.errors import NodeError
+from onnxtrain.errors import NodeError, ValueTooLargeError
+from onnxtrain.lower import values
 from training_models import TRAINING, linear_regression, model, tensor, vi
 
 
@@ -57,18 +58,68 @@ def test_gradient_of_an_integer_y_is_an_error():
     np.testing.assert_array_equal(np.asarray(engine.state["W"]), np.zeros((2, 1), np.float32))
 
 
-@pytest.mark.parametrize("data", ["X", "C"])  # traced data: checked on the traced result; static: before running
-def test_a_result_too_large_for_any_device_is_refused_before_xla_sees_it(data):
-    """Expand to [2**63 - 1] aborted the whole process (SIGABRT from XLA's int64 size arithmetic)."""
+def expand_to(data: str, size: int) -> onnx.ModelProto:
     nodes = [
-        helper.make_node("Constant", [], ["S"], value=tensor("S", np.array([2**63 - 1], np.int64))),
+        helper.make_node("Constant", [], ["S"], value=tensor("S", np.array([size], np.int64))),
         helper.make_node("Constant", [], ["C"], value=tensor("C", np.ones(1, np.float32))),
         helper.make_node("Expand", [data, "S"], ["Y"], name="big"),
     ]
     graph = helper.make_graph(nodes, "g", [vi("X", TensorProto.FLOAT, [1])], [vi("Y", TensorProto.FLOAT, None)])
-    engine = onnxtrain.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), check=False)
-    with pytest.raises(NodeError, match=r"Expand 'big': output 'Y' would be float32\[9223372036854775807\]"):
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_result_too_large_for_any_device_is_refused_before_xla_sees_it():
+    """Expand to [2**63 - 1] aborted the whole process (SIGABRT from XLA's int64 size arithmetic). Traced data is
+    checked on the traced result; a constant's before it is computed, at load (the next test)."""
+    engine = onnxtrain.load(expand_to("X", 2**63 - 1), check=False)
+    with pytest.raises(ValueTooLargeError, match=r"Expand 'big': output 'Y' would be float32\[9223372036854775807\], "
+                                                 r"3.69e\+19 bytes: more than any device holds"):
         engine.infer({"X": np.ones(1, np.float32)})
+
+
+def constant_of_shape():
+    return [helper.make_node("ConstantOfShape", ["S"], ["Y"], name="big",
+                             value=tensor("v", np.ones(1, np.float32)))], "its output would be float32"
+
+
+def expand_of_a_constant():
+    return [helper.make_node("Expand", ["C", "S"], ["Y"], name="big")], "output 'Y' would be float32"
+
+
+def range_of_constants():
+    return [helper.make_node("Range", ["zero", "S", "one"], ["Y"], name="big")], "its steps would be int64"
+
+
+@pytest.mark.parametrize("make", [constant_of_shape, expand_of_a_constant, range_of_constants])
+def test_a_constant_no_host_memory_holds_is_refused_at_load_before_it_is_built(make, monkeypatch):
+    """A value computed from constants is built on the host, at load (lower/folding.py): one of 8 GiB, over a
+    host bound of 4 GiB here, had come out of the first infer as a NodeError wrapping NumPy's MemoryError (or
+    XLA's RESOURCE_EXHAUSTED), or had taken the host's memory. Refused before any of it is allocated."""
+    monkeypatch.setattr(values, "MAX_HOST_VALUE_BYTES", 2**32)
+    model = expand_to("C", 2**31)
+    nodes, built = make()
+    del model.graph.node[2:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend([tensor("zero", np.int64(0)), tensor("one", np.int64(1))])
+    with pytest.raises(ValueTooLargeError, match=f"{nodes[0].op_type} 'big': {built}\\[2147483648\\], "
+                                                 r"\d{10,11} bytes: more than this host's memory \(the limit is "
+                                                 r"4294967296 bytes\)"):
+        onnxtrain.load(model, check=False)
+
+
+def test_a_constant_shape_computed_from_run_time_shapes_is_refused_at_the_first_step(monkeypatch):
+    """A ConstantOfShape whose shape the trace computes from an input's static shape is known at the first infer
+    only: the same error there, naming node, op and bytes."""
+    monkeypatch.setattr(values, "MAX_HOST_VALUE_BYTES", 2**20)
+    nodes = [helper.make_node("Shape", ["X"], ["s"]), helper.make_node("Mul", ["s", "k"], ["S"]),
+             helper.make_node("ConstantOfShape", ["S"], ["Y"], name="zeros")]
+    graph = helper.make_graph(nodes, "g", [vi("X", TensorProto.FLOAT, ["N"])], [vi("Y", TensorProto.FLOAT, ["M"])],
+                              [tensor("k", np.array([2**17], np.int64))])
+    engine = onnxtrain.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    np.testing.assert_array_equal(engine.infer({"X": np.ones(1, np.float32)})["Y"], np.zeros(2**17, np.float32))
+    with pytest.raises(ValueTooLargeError, match=r"ConstantOfShape 'zeros': its output would be float32\[393216\], "
+                                                 r"1572864 bytes: more than this host's memory \(the limit is 1048576"):
+        engine.infer({"X": np.ones(3, np.float32)})
 
 
 def test_inputs_bound_to_one_type_parameter_must_agree():

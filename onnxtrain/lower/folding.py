@@ -7,7 +7,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import OnnxTrainError
+from ..errors import OnnxTrainError, ValueTooLargeError
 from ..ir import Graph, Node
 from .constants import hoistable
 from .values import Value, is_static
@@ -31,6 +31,8 @@ def fold(nodes: Sequence["Node"], known: Mapping[str, Value]) -> dict[str, Value
             continue
         try:
             run_node(node, scope, TraceContext(key=None), nodes, position)
+        except ValueTooLargeError:
+            raise  # a constant no host holds: refused at load, not computed again by each trace
         except OnnxTrainError:
             continue  # the trace runs the node again and reports the error where it always has
     return scope.values

@@ -9,13 +9,15 @@ compile time is read with `static(value, "input name")`, which raises a clear er
 from __future__ import annotations
 
 import functools
+import math
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import jax
 import numpy as np
 
-from ..errors import StaticValueRequired
+from ..errors import StaticValueRequired, ValueTooLargeError
+from ..tensor_data import MAX_HOST_VALUE_BYTES
 
 if TYPE_CHECKING:
     from .walker import NodeContext
@@ -85,6 +87,16 @@ def static_int(value: Value, what: str) -> int:
     if len(values) != 1:
         raise ValueError(f"input {what!r} must hold exactly one value, got {len(values)}")
     return values[0]
+
+
+def host_sized(shape: Sequence[int], dtype: np.dtype, what: str = "its output") -> tuple[int, ...]:
+    """`shape`, once an array of it and `dtype` is known to fit in host memory: an op building an array on the
+    host checks it before allocating (the walker adds the node to the error)."""
+    size = math.prod(shape) * np.dtype(dtype).itemsize
+    if size > MAX_HOST_VALUE_BYTES:
+        raise ValueTooLargeError(f"{what} would be {np.dtype(dtype).name}{list(shape)}, {size} bytes: more than "
+                                 f"this host's memory (the limit is {MAX_HOST_VALUE_BYTES} bytes)")
+    return tuple(shape)
 
 
 def is_text(value: Value) -> bool:

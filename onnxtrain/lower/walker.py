@@ -6,14 +6,14 @@ import dataclasses
 import math
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
 import numpy as np
 import onnx
 
 from ..dtypes import onnx_type
-from ..errors import NodeError, OnnxTrainError, StaticValueRequired
+from ..errors import NodeError, OnnxTrainError, StaticValueRequired, ValueTooLargeError
 from ..ir import Graph, Node
 from ..tensor_data import MAX_VALUE_BYTES
 from . import layout
@@ -25,7 +25,7 @@ from .registry import schema_for
 from .selection import computed, plan
 from .sparse_update import SparseRows, sgd_rows, zeroed_rows
 from .typecheck import check_declared, check_node
-from .values import Value, is_static, static_evaluation, to_static
+from .values import Value, host_sized, is_static, static_evaluation, to_static
 
 
 class Scope:
@@ -178,8 +178,14 @@ def run_node(node: "Node", scope: Scope, trace: TraceContext, siblings: Sequence
         if exc.node is not None:
             raise
         raise StaticValueRequired(exc.what, value_name_of(node, exc.what), node.label, exc.reason) from None
+    except ValueTooLargeError as exc:
+        if exc.node is not None:
+            raise
+        raise ValueTooLargeError(exc.description, node.label) from None
     except OnnxTrainError:
         raise
+    except MemoryError as exc:  # under the bound of host memory, more than is free of it
+        raise ValueTooLargeError(f"its result does not fit in host memory ({exc})", node.label) from None
     except Exception as exc:
         raise NodeError(f"{node.label}: {type(exc).__name__}: {exc}") from exc
     if not isinstance(results, tuple):  # a list is one value (an ONNX sequence); a tuple is several outputs
@@ -260,8 +266,9 @@ def call_node(
         attrs["ctx"] = NodeContext(node, scope, trace, siblings, position)
     while args and args[-1] is None:  # absent trailing optional inputs take the implementation's defaults
         args.pop()
-    if is_static(*args) and any(holds_huge_number(a) for a in args):
-        check_sizes(node, abstract_results(node, args, attrs))  # before running it: see check_sizes
+    if is_static(*args) and any(holds_huge_number(a) for a in args):  # built on the host: its size checked first
+        for name, shape, dtype in result_arrays(node, abstract_results(node, args, attrs)):
+            host_sized(shape, dtype, f"output {name!r}")
     if not is_static(*args):
         hoisted = with_hoisted(node, args)
         if hoisted is not args:
@@ -274,28 +281,35 @@ def call_node(
         return to_static(layout.channels_first_results(node.impl.fn(*args, **attrs)))
 
 
-def check_sizes(node: "Node", results: Sequence[Value]) -> None:
-    """NodeError for a result larger than MAX_VALUE_BYTES. Tracing only builds shapes, so a traced node is checked
-    on its results; a static one runs eagerly (XLA compiles it at once), so it is checked on `abstract_results`."""
+def result_arrays(node: "Node", results: Sequence[Value]) -> Iterator[tuple[str, tuple[int, ...], np.dtype]]:
+    """(output name, shape, dtype) of each array among a node's results (a sequence's elements each)."""
     for name, value in zip(node.outputs, results):
         for tensor in value if isinstance(value, list) else [value]:
             shape, dtype = getattr(tensor, "shape", None), getattr(tensor, "dtype", None)
-            if shape is None or dtype is None:
-                continue
-            size = np.dtype(dtype).itemsize * math.prod(int(d) for d in shape)
-            if size > MAX_VALUE_BYTES:
-                raise NodeError(f"{node.label}: output {name!r} would be {np.dtype(dtype).name}{list(shape)}, "
-                                f"{size:.3g} bytes: more than any device holds (the limit is 2**48 bytes)")
+            if shape is not None and dtype is not None:
+                yield name, tuple(int(d) for d in shape), np.dtype(dtype)
+
+
+def check_sizes(node: "Node", results: Sequence[Value]) -> None:
+    """ValueTooLargeError for a result larger than MAX_VALUE_BYTES. Tracing only builds shapes, so a traced node is
+    checked on its results; a static one runs eagerly on the host (XLA compiles it at once), so it is checked
+    against host memory on `abstract_results`, before it runs (call_node)."""
+    for name, shape, dtype in result_arrays(node, results):
+        size = dtype.itemsize * math.prod(shape)
+        if size > MAX_VALUE_BYTES:
+            raise ValueTooLargeError(f"output {name!r} would be {dtype.name}{list(shape)}, {size:.3g} bytes: more "
+                                     "than any device holds (the limit is 2**48 bytes)", node.label)
 
 
 def holds_huge_number(value: Value) -> bool:
-    """A small static numeric input (a shape, sizes, repeats, a range limit: at most 64 numbers) with an element
-    too large to be a real tensor's dimension, so that the result may be huge."""
+    """A small static numeric input (a shape, sizes, repeats, a range limit: at most 64 numbers) with an element,
+    or a product of them (a shape's size), too large for a real tensor, so that the result may be huge."""
     if isinstance(value, list):
         return any(holds_huge_number(v) for v in value)
     if not isinstance(value, np.ndarray) or value.dtype.kind not in "iuf" or not 0 < value.size <= 64:
         return False
-    return bool(np.max(np.abs(value.astype(np.float64))) >= 2**31)
+    magnitudes = np.abs(value.astype(np.float64))
+    return bool(np.max(magnitudes) >= 2**31 or np.prod(np.maximum(magnitudes, 1)) >= 2**31)
 
 
 def abstract_results(node: "Node", args: list[Value], attrs: dict[str, Any]) -> tuple:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ...dtypes import np_dtype
 from ..registry import op, versions
-from ..values import static, static_ints
+from ..values import host_sized, static, static_ints
 
 
 @op("Range", *versions("Range"))
@@ -31,6 +31,7 @@ def range_(start, limit, delta, *, stash_type: int | None = None):
         # Opset 27's stash_type sets the precision float16/bfloat16 ranges are computed in.
         low_precision = dtype.itemsize == 2
         compute = np_dtype(stash_type) if low_precision and stash_type is not None else np.float64
+    host_sized([count], compute, "its steps")  # computed in a type at least as wide as the output's
     return (first.astype(compute) + np.arange(count, dtype=compute) * step.astype(compute)).astype(dtype)
 
 
@@ -38,7 +39,7 @@ def range_(start, limit, delta, *, stash_type: int | None = None):
 def constant_of_shape(shape_, *, value: np.ndarray | None = None) -> np.ndarray:
     # The output is a compile-time constant whatever the graph, so it is built on the host directly.
     fill = np.zeros((), np.float32) if value is None else np.asarray(value).reshape(())
-    return np.full(static_ints(shape_, "input"), fill, dtype=fill.dtype)
+    return np.full(host_sized(static_ints(shape_, "input"), fill.dtype), fill, dtype=fill.dtype)
 
 
 CONSTANT_ATTRIBUTES = {
