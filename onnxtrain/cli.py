@@ -1,5 +1,6 @@
 """The `onnxtrain` command: info, infer, train. A user mistake is one clear line and exit status 2; a run that
-fails (diverges, or a step fails on the device) is one clear line and exit status 1. Never a traceback."""
+fails (diverges, a step fails on the device, or its last checkpoint cannot be written: the disk full) is one clear
+line and exit status 1. Never a traceback."""
 
 from __future__ import annotations
 
@@ -20,11 +21,11 @@ import numpy as np
 from .authoring import make_trainable
 from .dtypes import type_name
 from .engine import load
-from .errors import DivergenceError, OnnxTrainError, StepError
+from .errors import CheckpointError, DivergenceError, ExportError, OnnxTrainError, StepError
 from .export import check_export_target, save_atomic
 from .host_memory import HUGE_PAGES, retain_freed_memory, with_huge_pages
 from .lower.autocast import COMPUTE_DTYPES
-from .loop import array_batches, check_finite, fit
+from .loop import History, array_batches, check_finite, fit
 from .model import read_model
 from .optimizers import ACCUMULATE_BY
 
@@ -153,21 +154,28 @@ def cmd_train(args: argparse.Namespace) -> None:
         engine.init()
     # (fit refuses a negative --steps: only a resumed run past it takes none)
     remaining = max(0, args.steps - done) if resume else args.steps
+    history = History()  # passed in: the checkpoints written are known when fit raises
     try:
         with terminated_as_interrupted():
-            history = fit(engine, array_batches(arrays, args.batch_size, seed=args.seed, start=done), remaining,
-                          algorithm=args.algorithm, loss=args.loss, log_every=max(1, args.steps // 20),
-                          checkpoint=args.output, checkpoint_every=args.checkpoint_every, on_log=print_loss)
+            fit(engine, array_batches(arrays, args.batch_size, seed=args.seed, start=done), remaining,
+                algorithm=args.algorithm, loss=args.loss, log_every=max(1, args.steps // 20),
+                checkpoint=args.output, checkpoint_every=args.checkpoint_every, on_log=print_loss, history=history)
     except DivergenceError as exc:  # its advice is the API's (engine.load_state): say the command line's too
         keep = (f"the same command with --resume goes on from {args.output} (the last checkpoint before it, "
                 "where one was written)" if args.output
                 else "-o PATH keeps checkpoints a run with --resume goes on from")
         raise DivergenceError(f"{exc}; on the command line: {keep}, and make-trainable's --lr sets a lower "
                               "rate") from exc
+    except CheckpointError as exc:  # the last checkpoint (earlier ones were warned of, and training went on)
+        raise checkpoint_lost(exc.reason, engine.step_count, args.output, history, done if resume else None) from exc
     except KeyboardInterrupt:
         if args.output and engine.step_count > done:  # the steps taken are kept, as at a checkpoint (finite)
             check_finite(engine, engine.step_count - done - 1, {}, state=True)
-            engine.export(args.output)
+            try:
+                engine.export(args.output)
+            except ExportError as exc:
+                raise checkpoint_lost(str(exc), engine.step_count, args.output, history,
+                                      done if resume else None) from exc
             # a count, not a step number: the logs number steps from 0, so the last one taken is step_count - 1
             print(f"interrupted after {engine.step_count} train steps: wrote {args.output} (--resume goes on)")
         else:  # say so, where a user would look for the file
@@ -180,6 +188,21 @@ def cmd_train(args: argparse.Namespace) -> None:
         if not remaining:  # fit wrote it at each checkpoint and at the end: here, nothing ran
             engine.export(args.output)
         print(f"wrote {args.output}")
+
+
+def checkpoint_lost(reason: str, step_count: int, output: str, history: History, resumed: int | None,
+                    ) -> CheckpointError:
+    """The error of a `train -o` whose write of the model after `step_count` steps failed (`reason`: the path and
+    the system's reason): which checkpoint -o still holds (this run's last, or `resumed`'s step count where it
+    wrote none) and how to go on. Exit status 1, a run's failure: the command line was right."""
+    written = history.checkpoints[-1] if history.checkpoints else resumed
+    if written is None:
+        kept, then = f"no checkpoint of this run is in {output!r}", "run the command again"
+    else:
+        kept = f"{output!r} still holds the checkpoint after {written} train steps (the steps since are lost)"
+        then = "the same command with --resume goes on from it"
+    return CheckpointError(f"the model after {step_count} train steps was not written: {reason}; {kept}: free "
+                           f"space there (or fix the cause), then {then}", written, reason)
 
 
 @contextlib.contextmanager
@@ -270,7 +293,8 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("-o", "--output", help="write the trained model here, and every --checkpoint-every steps")
     train.add_argument("--checkpoint-every", type=int, default=1000, metavar="N",
                        help="with -o: write the model there every N steps too, so a killed run loses at most N "
-                       "(default 1000)")
+                       "(default 1000); one that cannot be written (the disk full) is a warning, and the next tries "
+                       "again (the last one's failure: exit status 1)")
     train.add_argument("--resume", action="store_true", help="with -o: if it exists, go on from it (state, "
                        "optimizer and step count) with the batches the uninterrupted run takes, up to --steps in all")
     train.add_argument("--devices", type=int, help=DEVICES_HELP)
@@ -368,7 +392,7 @@ def show_warning(message: Warning | str, category: type[Warning], *_: object, **
 def run(args: argparse.Namespace) -> int:
     try:
         args.run(args)
-    except (DivergenceError, StepError) as exc:
+    except (DivergenceError, StepError, CheckpointError) as exc:
         return fail(exc, 1)
     except KeyboardInterrupt:  # Ctrl-C: what was kept is said above, no traceback; 128 + SIGINT, as shells have it
         print("onnxtrain: interrupted", file=sys.stderr)

@@ -84,6 +84,18 @@ class ExportError(OnnxTrainError):
     """The trained model cannot be written."""
 
 
+class CheckpointError(ExportError):
+    """fit's last checkpoint could not be written (the disk full, an I/O error), after every earlier failed one was
+    warned of and trained past; the engine holds the trained state. `written`: the step count of the last checkpoint
+    this fit call wrote, which the file still holds (None: it wrote none, the file is as before the call);
+    `reason`: the failed write, its path and the system's reason."""
+
+    def __init__(self, message: str, written: int | None, reason: str):
+        super().__init__(message)
+        self.written = written
+        self.reason = reason
+
+
 class StepError(OnnxTrainError):
     """A train step or infer failed while it ran (out of device memory, a runtime XLA error), or before it ran, JAX
     unable to lower or compile its program; the state is as before it unless the message says otherwise, and JAX's

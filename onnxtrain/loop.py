@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -13,7 +14,7 @@ import numpy as np
 from .authoring import LEARNING_RATE
 from .dtypes import TRAINING_FLOAT_TYPES
 from .engine import Engine
-from .errors import DivergenceError, FeedError, OnnxTrainError
+from .errors import CheckpointError, DivergenceError, ExportError, FeedError, OnnxTrainError
 from .export import check_export_target
 from .optimizers import is_integer
 
@@ -141,12 +142,39 @@ def divergence_advice(engine: Engine) -> str:
 @dataclass
 class History:
     """Loss at the logged steps, and whatever `evaluate` returned at the evaluated ones. A step's number is the
-    engine's step count before it (0 for a run's first step), so a resumed run's numbers go on from its checkpoint."""
+    engine's step count before it (0 for a run's first step), so a resumed run's numbers go on from its checkpoint.
+    `checkpoints`: the step count of each checkpoint written (a failed one is not)."""
 
     steps: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     eval_steps: list[int] = field(default_factory=list)
     metrics: list[dict[str, float]] = field(default_factory=list)
+    checkpoints: list[int] = field(default_factory=list)
+
+
+def write_checkpoint(engine: Engine, path: str | Path, history: History, retry_at: int | None) -> None:
+    """Export `engine` to `path` and record it in `history`. A write that fails (the disk full, an I/O error, the
+    folder gone: an ExportError) is a warning while a later checkpoint (`retry_at`, a step count) can try again,
+    and CheckpointError at the last one (`retry_at` None).
+
+    Why training goes on: an export is atomic, so `path` keeps the last good checkpoint, and the engine keeps the
+    trained state; a disk that the user frees meanwhile (or another job's temporaries that go) then costs a long
+    run nothing, where stopping threw away at once every step since that checkpoint, and the hours they took.
+    A failure that persists ends the run at its last checkpoint with no more lost than stopping had lost."""
+    try:
+        engine.export(path)
+    except ExportError as exc:
+        written = history.checkpoints[-1] if history.checkpoints else None
+        held = (f"{str(path)!r} still holds the checkpoint after {written} train steps" if written is not None
+                else f"{str(path)!r} is as it was when training started")
+        failed = f"checkpoint after {engine.step_count} train steps not written ({exc}); {held}"
+        if retry_at is None:
+            raise CheckpointError(f"{failed}; the engine holds the trained state: engine.export(path) elsewhere "
+                                  "keeps it", written, str(exc)) from exc
+        warnings.warn(f"{failed}; training goes on, and writes the next one after {retry_at} train steps: free "
+                      "space (or fix the cause) by then", RuntimeWarning, stacklevel=3)
+        return
+    history.checkpoints.append(engine.step_count)
 
 
 def fit(
@@ -187,7 +215,9 @@ def fit(
 
     A NaN or infinite loss (read where it is logged, and at each checkpoint) raises DivergenceError naming
     the step; a checkpoint is written only when the loss and every float state variable are finite, so a
-    diverged run never overwrites the last good one."""
+    diverged run never overwrites the last good one. A checkpoint that cannot be written (the disk full) is a
+    RuntimeWarning and training goes on, the next checkpoint trying again; the last one's failure raises
+    CheckpointError (`write_checkpoint`). `history.checkpoints` lists the step counts of those written."""
     from tqdm.auto import tqdm
 
     check_options(engine, algorithm, loss,
@@ -233,6 +263,7 @@ def fit(
                 history.metrics.append(dict(evaluate(engine)))
             if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or last):
                 check_finite(engine, step - start, {loss: float(outputs[loss])} if loss else {}, state=True)
-                engine.export(checkpoint)
+                write_checkpoint(engine, checkpoint, history, None if last else min(
+                    (engine.step_count // checkpoint_every + 1) * checkpoint_every, start + steps))
             bar.update(1)
     return history

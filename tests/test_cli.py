@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import subprocess
@@ -16,7 +17,9 @@ import pytest
 
 import onnxtrain
 import onnxtrain.cli
+import onnxtrain.engine
 from onnxtrain import host_memory
+from onnxtrain.export import saved_step_count
 from test_parameters import conv
 
 EXAMPLE = Path(onnxtrain.__file__).parent / "examples"
@@ -275,3 +278,85 @@ def test_train_without_an_output_says_that_nothing_is_written():
     result = cli("train", MODEL, "--data", DATA, "--steps", 2, "--batch-size", 64)
     assert result.returncode == 0, result.stderr
     assert "no -o PATH: the trained model is not written\n" in result.stdout, result.stdout
+
+
+def reference_after(steps: int) -> onnxtrain.Engine:
+    """What `train MODEL --data DATA --batch-size 64` holds after `steps` steps, uninterrupted."""
+    reference = onnxtrain.load(MODEL)
+    reference.init()
+    onnxtrain.fit(reference, onnxtrain.array_batches(dict(np.load(DATA)), 64), steps, progress=False)
+    return reference
+
+
+def assert_holds(path: Path, reference: onnxtrain.Engine) -> None:
+    written = onnxtrain.load(path)
+    assert written.step_count == reference.step_count
+    for name, value in reference.state.items():
+        np.testing.assert_array_equal(np.asarray(written.state[name]), np.asarray(value), err_msg=name)
+
+
+def disk_full_at(monkeypatch, step_counts: set[int]) -> None:
+    """The exports of the model after these step counts fail as on a full disk: each fsync raises ENOSPC."""
+    real_fsync, real_save = os.fsync, onnxtrain.engine.save_atomic
+    full = False
+
+    def fsync(descriptor: int) -> None:
+        if full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(descriptor)
+
+    def save_atomic(model: onnx.ModelProto, *args, **kwargs) -> None:
+        nonlocal full
+        full = saved_step_count(model) in step_counts
+        real_save(model, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(onnxtrain.engine, "save_atomic", save_atomic)
+
+
+TRAIN_6 = ["train", str(MODEL), "--data", str(DATA), "--steps", "6", "--batch-size", "64", "--checkpoint-every", "2"]
+
+
+def test_train_goes_on_past_a_checkpoint_the_full_disk_refused(tmp_path, monkeypatch, capsys):
+    """A checkpoint whose write fails (ENOSPC) had ended the run with exit status 2, a user mistake's, every step
+    since the last checkpoint lost: it is a warning naming the write, the checkpoint -o still holds and the next
+    try, and the run goes on; the next checkpoint, the disk freed, is the uninterrupted run's."""
+    out = tmp_path / "out.onnx"
+    disk_full_at(monkeypatch, {4})
+    with pytest.warns(RuntimeWarning, match=r"checkpoint after 4 train steps not written \(cannot export to "
+                      rf".*out\.onnx': \[Errno {errno.ENOSPC}\] No space left on device\); .*out\.onnx' still "
+                      r"holds the checkpoint after 2 train steps; training goes on, and writes the next one after "
+                      r"6 train steps"):
+        assert onnxtrain.cli.main([*TRAIN_6, "-o", str(out)]) == 0
+    monkeypatch.undo()
+    assert f"wrote {out}" in capsys.readouterr().out
+    assert os.listdir(tmp_path) == ["out.onnx"]
+    assert_holds(out, reference_after(6))
+
+
+@pytest.mark.parametrize("stop", ["last checkpoint", "ctrl-c"])
+def test_train_whose_last_write_the_full_disk_refuses_names_the_checkpoint_kept(tmp_path, monkeypatch, capsys, stop):
+    """The disk stays full: the run ends at its last write (or at a Ctrl-C's, after 5 steps) with exit status 1, a
+    run's failure, naming the write, the checkpoint -o holds, and how to go on; --resume then ends as the
+    uninterrupted run."""
+    out = tmp_path / "out.onnx"
+    disk_full_at(monkeypatch, {4, 5, 6})
+    if stop == "ctrl-c":
+        def interrupt_at_step_4(step: int, loss: float) -> None:
+            if step == 4:
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(onnxtrain.cli, "print_loss", interrupt_at_step_4)
+    with pytest.warns(RuntimeWarning, match="checkpoint after 4 train steps not written"):
+        assert onnxtrain.cli.main([*TRAIN_6, "-o", str(out)]) == 1
+    monkeypatch.undo()
+    error = capsys.readouterr().err
+    assert error.endswith(f"\nonnxtrain: error: the model after {5 if stop == 'ctrl-c' else 6} train steps was not "
+                          f"written: cannot export to {str(out)!r}: [Errno {errno.ENOSPC}] No space left on device; "
+                          f"{str(out)!r} still holds the checkpoint after 2 train steps (the steps since are lost): "
+                          "free space there (or fix the cause), then the same command with --resume goes on from "
+                          "it\n"), error
+    assert os.listdir(tmp_path) == ["out.onnx"]
+    assert_holds(out, reference_after(2))
+    assert onnxtrain.cli.main([*TRAIN_6, "-o", str(out), "--resume"]) == 0
+    assert_holds(out, reference_after(6))
