@@ -15,7 +15,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from . import big_models
-from .atomic import TOKEN_HEX, new_token, replace_file, settle, unlink_quietly, writable_target, write_durably
+from .atomic import (TOKEN_HEX, fsync_folder, new_token, replace_file, settle, unlink_quietly, writable_target,
+                     write_durably)
 from .big_models import (PROTOBUF_LIMIT, exceeds_protobuf_limit, initializer_graphs, is_external, lean_copy,
                          weight_tensors)
 from .dtypes import onnx_type, type_name
@@ -236,8 +237,9 @@ def save_atomic(model: onnx.ModelProto, path: str | os.PathLike, external_data: 
     from the arrays.
 
     The model file at `path` is always either the previous one or the new one, each whole with its own data file:
-    every export writes its weights under a fresh name, then the model file referencing them replaces the old
-    one atomically (the commit point), then the previous data file is removed. Files a killed export left
+    every export writes its weights under a fresh name (the file and its folder entry fsync'ed), then the model
+    file referencing them replaces the old one atomically (the commit point), then the previous data file is
+    removed. Files a killed export left
     (staging model files, data files no model refers to) match `path`'s patterns and are removed by the next
     export to `path`. One writer per path at a time."""
     check_export_target(path)
@@ -253,6 +255,9 @@ def save_atomic(model: onnx.ModelProto, path: str | os.PathLike, external_data: 
         if data_name is not None:
             write_durably(folder / data_name,
                           lambda stream: move_to_external_data(weights, stream, data_name, arrays))
+            # the data file's folder entry on disk before the rename that commits a model file naming it: the file
+            # system may persist the rename first, and a power loss between left a model naming a missing file
+            fsync_folder(folder)
         for tensor, array in pending:  # what stays in the model file
             if not is_external(tensor):
                 tensor.raw_data = array_bytes(array).tobytes()

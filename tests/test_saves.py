@@ -154,6 +154,37 @@ def test_save_state_fsyncs_the_file_and_its_folder(tmp_path, monkeypatch):
     assert kinds == ["file", "folder"]
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names an open file through /proc/self/fd")
+def test_export_with_external_data_has_the_data_file_on_disk_before_the_model_names_it(tmp_path, monkeypatch):
+    """The commit order of an export with external data: the data file written and fsync'ed, its folder entry
+    fsync'ed, then the model file's, renamed in, and the rename fsync'ed. The data file's entry had reached the disk
+    only with the folder's fsync after the rename: a power loss between (the rename persisted first, as a file
+    system may) left the model naming a missing file. A power loss cannot be tested: the calls' order is."""
+    monkeypatch.setattr(onnxtrain.big_models, "INLINE_BYTES", 0)
+    engine = trained(1)
+    calls = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def recording_fsync(descriptor):
+        opened = os.readlink(f"/proc/self/fd/{descriptor}")
+        calls.append(("fsync", "folder" if stat.S_ISDIR(os.fstat(descriptor).st_mode) else os.path.basename(opened)))
+        real_fsync(descriptor)
+
+    def recording_replace(source, target):
+        calls.append(("replace", os.path.basename(target)))
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "replace", recording_replace)
+    engine.export(tmp_path / "m.onnx", external_data=True)
+    monkeypatch.undo()
+    (data_file,) = [name for name in os.listdir(tmp_path) if name.endswith(".data")]
+    assert [(call, re.sub(r"\.[0-9a-f]{16}\.tmp$", ".TOKEN.tmp", name)) for call, name in calls] == [
+        ("fsync", data_file), ("fsync", "folder"), ("fsync", ".m.onnx.TOKEN.tmp"), ("replace", "m.onnx"),
+        ("fsync", "folder")]
+    assert locations(tmp_path / "m.onnx") and set(locations(tmp_path / "m.onnx").values()) == {data_file}
+
+
 def test_failed_save_state_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "state.npz"
     previous = trained(2)
