@@ -76,13 +76,14 @@ MAIN_THREAD = threading.main_thread().ident
 
 
 class HeldInterrupts:
-    """Ctrl-C held back while a train step's new state is in flight: within the block, the main thread's Python
-    SIGINT handler only records the signal, and it runs once the block ends. A step donates the state buffers to
-    XLA, and Python runs a signal handler at the first instruction after a call returns: a KeyboardInterrupt
-    there dropped the step's result with the old state already deleted (a Ctrl-C during a loop of steps lost
-    every weight, 30 times in 30). Installed at the first held step, the handler stays and passes signals on to
-    the one it wraps outside the block (installing and restoring it at each step cost 10 us); a handler set
-    later is wrapped at the next step. SIG_DFL and SIG_IGN run no Python code: nothing to hold."""
+    """Ctrl-C held back while a train step's new state is in flight, and while the engine assigns a new state with
+    its step count (Engine._assign): within the block, the main thread's Python SIGINT handler only records the
+    signal, and it runs once the block ends. A step donates the state buffers to XLA, and Python runs a signal
+    handler at the first instruction after a call returns: a KeyboardInterrupt there dropped the step's result with
+    the old state already deleted (a Ctrl-C during a loop of steps lost every weight, 30 times in 30). Installed at
+    the first held step, the handler stays and passes signals on to the one it wraps outside the block (installing
+    and restoring it at each step cost 10 us); a handler set later is wrapped at the next step. SIG_DFL and SIG_IGN
+    run no Python code: nothing to hold."""
 
     def __init__(self) -> None:
         self.wrapped: Callable[[int, Any], Any] | None = None
@@ -544,32 +545,43 @@ class Engine:
     def reset(self) -> None:
         """Every state variable back to its initializer value (the spec's pre-initialized state)."""
         with self.lock:
-            if self._holds_stored:
-                self.step_count, self._step = 0, None
-            else:
-                self._put_stored_state(0)
-            self._rebuild = operator.methodcaller("reset")
+            self._assign(self._stored_state(), 0, True, operator.methodcaller("reset"))
 
     def _put_stored_state(self, step_count: int) -> None:
+        """The model's stored state on the device again, with `step_count` (`_rebuild` after load)."""
+        self._assign(self._stored_state(), step_count, True, self._rebuild)
+
+    def _stored_state(self) -> dict[str, jax.Array]:
+        """The model's stored state on the device: the engine's own where it holds it, else read again and put."""
+        if self._holds_stored:
+            return self._state
         model = self.model if self._state_file is None else self._state_file.read()
         stored = stored_state(model, self.state_owner, self._zero_state, self._external)
-        self._state = {name: self._put(name, value) for name, value in stored}
-        self._holds_stored = True
-        self.step_count = step_count
-        self._step = None
+        return {name: self._put(name, value) for name, value in stored}
+
+    def _assign(self, state: dict[str, jax.Array], step_count: int, holds_stored: bool,
+                rebuild: Callable[[Engine], None] | None) -> None:
+        """Replace the state and everything that goes with it as one change that a Ctrl-C cannot split: its
+        KeyboardInterrupt is held until all are assigned (HELD_INTERRUPTS, as for a train step). One raised
+        between had left a new state with the old step count (so the random streams and the checkpoints' count of
+        another run), or a rebuild that made another state. The new values are built before: an interrupt
+        while they are (a file read, a device transfer) leaves the engine as it was."""
+        with HELD_INTERRUPTS:
+            self._state, self._holds_stored, self.step_count, self._step, self._rebuild = (
+                state, holds_stored, step_count, None, rebuild)
 
     def init(self, seed: int | None = None) -> None:
         """Reset, then run every TrainingInfoProto.initialization in order and assign its bindings."""
         if seed is not None:
             check_seed(seed)
         with self.lock:
-            self.reset()
+            stored = self._stored_state()  # reset's, assigned with the initialization's result: one change
             with jax.enable_x64(True):
                 key = jax.random.key(self.seed if seed is None else seed)
+            initialized = stored
             if any(algorithm.initialization is not None for algorithm in self.algorithms):
-                self._state, _ = self._init(self._state, key, feeds={})
-                self._holds_stored = False
-            self._rebuild = operator.methodcaller("init", seed)
+                initialized, _ = self._init(stored, key, feeds={})
+            self._assign(initialized, 0, initialized is stored, operator.methodcaller("init", seed))
 
     def jax_function(self) -> tuple[Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]], dict]:
         """`fn, params`: ModelProto.graph as a pure function `fn(params, feeds) -> {output: array}`, jittable
@@ -623,12 +635,9 @@ class Engine:
             [f"holds unknown state variables {unknown}"] if unknown else []) + mismatched
         if problems:
             raise StateError(f"checkpoint {str(path)!r} does not fit this model: " + "; ".join(problems))
+        step_count = int(step)
         with self.lock, jax.enable_x64(True):
-            self._state = {**self._state, **self._placement.put(values)}
-            self._holds_stored = False
-            self.step_count = int(step)
-            self._step = None
-            self._rebuild = None
+            self._assign({**self._state, **self._placement.put(values)}, step_count, False, None)
 
     def export(self, path: str | Path, external_data: bool | None = None) -> None:
         """Write a copy of the model whose initializers hold the current state, atomically. External data
