@@ -222,15 +222,21 @@ class ExternalValues:
 
     def read(self, tensor: TensorProto, label: str) -> bytes:
         """`tensor`'s bytes from its data file, which must be the one the first read found."""
-        data, stamp = read_tensor_bytes(tensor, label, self.folder)
+        location = entries(tensor, label).get("location", "")
+        try:
+            data, stamp = read_tensor_bytes(tensor, label, self.folder)
+        except ExternalDataError as exc:
+            if tensor.name not in self.stamps:
+                raise
+            # read before, so the file changed since: removed (an export over a model file removes its data file),
+            # replaced, or cut short. Its own error ("cannot be read: No such file") had hidden the cause.
+            said, named = str(exc), f"{label}: external data file {location!r} "
+            now = f"now it {said.removeprefix(named)}" if said.startswith(named) else f"now: {said}"
+            raise changed_since_load(label, location, now) from exc
         # by name: the kept tensors' names are unique in the model, and a model exported over the loaded one
         # names another file for the same variable
         if self.stamps.setdefault(tensor.name, stamp) != stamp:
-            location = entries(tensor, label).get("location", "")
-            raise ExternalDataError(
-                f"{label}: external data file {location!r} has changed since the model was loaded (the engine "
-                "reads the initial state there for reset() and to recover from a failed first step); load the "
-                "model again")
+            raise changed_since_load(label, location, "written since")
         return data
 
     def inline_files(self, model: onnx.ModelProto, replaced: Callable[[Path], bool]) -> None:
@@ -242,6 +248,13 @@ class ExternalValues:
             location = entries(tensor, label).get("location", "")
             if replaced(self.folder / location) or replaced(confined_path(location, self.folder, label)):
                 hold_inline(tensor, self.read(tensor, label))
+
+
+def changed_since_load(label: str, location: str, how: str) -> ExternalDataError:
+    return ExternalDataError(
+        f"{label}: external data file {location!r} has changed since the model was loaded ({how}): the engine reads "
+        "the initial state there, for reset() and to recover from a failed first step; load the model again from "
+        "its original files (an export over the loaded model replaces them: export elsewhere to keep them)")
 
 
 def hold_inline(tensor: TensorProto, data: bytes) -> None:
