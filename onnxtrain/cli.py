@@ -385,8 +385,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def show_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> None:
     """A warning as one line for the command's user, as its errors are: Python's format added the file and line
-    in onnxtrain that warned, and that line's source (`trainable = make_trainable(model, ...`)."""
-    print(f"onnxtrain: warning: {category.__name__}: {message}", file=sys.stderr)
+    in onnxtrain that warned, and that line's source (`trainable = make_trainable(model, ...`). Through the
+    progress bar, as a logged loss is: a checkpoint's warning in a run was printed onto the bar's line."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(f"onnxtrain: warning: {category.__name__}: {message}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -80,6 +81,18 @@ def test_a_warning_is_one_line(tmp_path):
 
 
 # Every option says what it does (and its default where it has one) in --help
+def test_a_warning_during_training_clears_the_progress_bar(capsys):
+    """A warning while the bar is drawn (a checkpoint not written) is printed on a line of its own, the bar cleared
+    before it and drawn again after: it was printed onto the bar's line."""
+    from tqdm.auto import tqdm
+
+    with tqdm(total=2) as bar:
+        bar.update(1)
+        onnxtrain.cli.show_warning("checkpoint not written", RuntimeWarning)
+    error = capsys.readouterr().err
+    assert re.search(r"\r *\ronnxtrain: warning: RuntimeWarning: checkpoint not written\n\r 50%", error), error
+
+
 def test_every_option_has_a_help_text():
     subcommands = next(a for a in onnxtrain.cli.parser()._actions if isinstance(a, argparse._SubParsersAction))
     bare = [(name, action.option_strings) for name, command in subcommands.choices.items()
