@@ -237,11 +237,10 @@ def save_atomic(model: onnx.ModelProto, path: str | os.PathLike, external_data: 
     from the arrays.
 
     The model file at `path` is always either the previous one or the new one, each whole with its own data file:
-    every export writes its weights under a fresh name (the file and its folder entry fsync'ed), then the model
-    file referencing them replaces the old one atomically (the commit point), then the previous data file is
-    removed. Files a killed export left
-    (staging model files, data files no model refers to) match `path`'s patterns and are removed by the next
-    export to `path`. One writer per path at a time."""
+    every export writes its weights under a fresh name (the file and its folder entry fsync'ed), then the model file
+    referencing them replaces the old one atomically (the commit point), then the previous data file is removed.
+    Files a killed export left (staging model files, data files no model refers to) match `path`'s patterns and are
+    removed by the next export to `path`. One writer per path at a time."""
     check_export_target(path)
     path = Path(path)
     if external_data is None:

@@ -152,19 +152,20 @@ class History:
     checkpoints: list[int] = field(default_factory=list)
 
 
-def write_checkpoint(engine: Engine, path: str | Path, history: History, retry_at: int | None) -> None:
-    """Export `engine` to `path` and record it in `history`. A write that fails (the disk full, an I/O error, the
-    folder gone: an ExportError) is a warning while a later checkpoint (`retry_at`, a step count) can try again,
-    and CheckpointError at the last one (`retry_at` None).
+def write_checkpoint(engine: Engine, path: str | Path, history: History, since: int, retry_at: int | None) -> None:
+    """Export `engine` to `path` and record it in `history` (whose checkpoints from `since` on are this fit call's,
+    to `path`). A write that fails (the disk full, an I/O error, the folder gone: an ExportError) is a warning while
+    a later checkpoint (`retry_at`, a step count) can try again, and CheckpointError at the last one (`retry_at`
+    None).
 
     Why training goes on: an export is atomic, so `path` keeps the last good checkpoint, and the engine keeps the
     trained state; a disk that the user frees meanwhile (or another job's temporaries that go) then costs a long
     run nothing, where stopping threw away at once every step since that checkpoint, and the hours they took.
-    A failure that persists ends the run at its last checkpoint with no more lost than stopping had lost."""
+    A failure that persists ends the run at its last checkpoint, the file holding what stopping had left."""
     try:
         engine.export(path)
     except ExportError as exc:
-        written = history.checkpoints[-1] if history.checkpoints else None
+        written = history.checkpoints[-1] if len(history.checkpoints) > since else None
         held = (f"{str(path)!r} still holds the checkpoint after {written} train steps" if written is not None
                 else f"{str(path)!r} is as it was when training started")
         failed = f"checkpoint after {engine.step_count} train steps not written ({exc}); {held}"
@@ -241,6 +242,7 @@ def fit(
     # the run's step numbers: a call that goes on from a checkpoint keeps the uninterrupted run's phases (they had
     # restarted at 0, so a run resumed at step 2310 checkpointed at 2410 where the uninterrupted one did at 2400)
     start = engine.step_count
+    written_before = len(history.checkpoints)  # a History passed in holds earlier calls' checkpoints, maybe elsewhere
     with tqdm(initial=start, total=start + steps, disable=not progress, unit="step") as bar:
         for step in range(start, start + steps):
             batch = next(iterator, None)
@@ -263,7 +265,7 @@ def fit(
                 history.metrics.append(dict(evaluate(engine)))
             if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or last):
                 check_finite(engine, step - start, {loss: float(outputs[loss])} if loss else {}, state=True)
-                write_checkpoint(engine, checkpoint, history, None if last else min(
+                write_checkpoint(engine, checkpoint, history, written_before, None if last else min(
                     (engine.step_count // checkpoint_every + 1) * checkpoint_every, start + steps))
             bar.update(1)
     return history

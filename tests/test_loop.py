@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import errno
+import os
+
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxtrain
+from onnxtrain.errors import CheckpointError
 from training_models import matmul_sgd
 
 
@@ -122,3 +127,32 @@ def test_a_history_passed_in_keeps_what_an_interrupted_fit_logged():
         w = w - 0.1 * 2 * x.T @ (x @ w - t) / len(x)
     assert history.steps == [0, 2, 4] and seen == list(zip(history.steps, history.losses))
     np.testing.assert_allclose(history.losses, expected[::2], rtol=1e-5)
+
+
+def test_a_checkpoint_the_disk_refuses_is_a_warning_and_the_last_ones_a_checkpoint_error(tmp_path, monkeypatch):
+    """Every checkpoint of this call fails (ENOSPC): each but the last is a RuntimeWarning and training goes on; the
+    last raises CheckpointError. A History passed in with an earlier call's checkpoint (to another file) does not
+    count as one this file holds. The engine keeps the trained state: SGD's, by hand, after 4 steps."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 2)).astype(np.float32)
+    t = (x @ np.array([[1.0], [-3.0]])).astype(np.float32)
+    engine = onnxtrain.load(matmul_sgd(0.1))
+    history = onnxtrain.History(checkpoints=[7])
+
+    def full(descriptor):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.warns(RuntimeWarning, match=r"checkpoint after 2 train steps not written \(cannot export to "
+                      r".*ckpt\.onnx': .*No space left on device\); .*ckpt\.onnx' is as it was when training started; "
+                      r"training goes on, and writes the next one after 4 train steps"), \
+            pytest.raises(CheckpointError, match=r"checkpoint after 4 train steps not written .*No space left on "
+                          r"device.*the engine holds the trained state") as raised:
+        onnxtrain.fit(engine, onnxtrain.array_batches({"X": x, "target": t}, shuffle=False), steps=4,
+                      progress=False, checkpoint=tmp_path / "ckpt.onnx", checkpoint_every=2, history=history)
+    monkeypatch.undo()
+    assert raised.value.written is None and history.checkpoints == [7] and os.listdir(tmp_path) == []
+    w = np.zeros((2, 1))
+    for _ in range(4):
+        w = w - 0.1 * 2 * x.T @ (x @ w - t) / len(x)
+    np.testing.assert_allclose(np.asarray(engine.state["W"]), w, rtol=1e-5)
