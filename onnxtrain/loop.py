@@ -16,7 +16,7 @@ from .dtypes import TRAINING_FLOAT_TYPES
 from .engine import Engine
 from .errors import CheckpointError, DivergenceError, ExportError, FeedError, OnnxTrainError
 from .export import check_export_target
-from .optimizers import is_integer
+from .optimizers import is_integer, micro_batches_per_update
 
 
 def array_batches(
@@ -83,16 +83,18 @@ def check_options(engine: Engine, algorithm: int, loss: str | None, intervals: M
             raise OnnxTrainError(f"{name} must be a positive number of steps, got {value}")
 
 
-def learning_rate_at(schedule: Callable[[int], Any], step: int) -> float:
-    """The schedule's rate for `step`: a finite number >= 0, as make_trainable's (a negative rate climbs the loss,
-    a NaN one poisons every weight: neither can be a schedule's meaning)."""
-    rate = schedule(step)
+def learning_rate_at(schedule: Callable[[int], Any], update: int, step: int) -> float:
+    """The schedule's rate for optimizer update `update` (fed with train step `step`): a finite number >= 0, as
+    make_trainable's (a negative rate climbs the loss, a NaN one poisons every weight: neither can be a
+    schedule's meaning)."""
+    rate = schedule(update)
     try:  # a number, or a 0-d array (optax's schedules return jax arrays)
         value = float(rate) if not isinstance(rate, (str, bytes, bool)) and np.ndim(rate) == 0 else math.nan
     except (TypeError, ValueError):
         value = math.nan
     if not (math.isfinite(value) and value >= 0):
-        raise OnnxTrainError(f"learning_rate at step {step} is {rate!r}: it must be a finite number >= 0")
+        raise OnnxTrainError(f"learning_rate at update {update} (train step {step}) is {rate!r}: it must be a "
+                             "finite number >= 0")
     return value
 
 
@@ -142,7 +144,8 @@ def divergence_advice(engine: Engine) -> str:
 @dataclass
 class History:
     """Loss at the logged steps, and whatever `evaluate` returned at the evaluated ones. A step's number is the
-    engine's step count before it (0 for a run's first step), so a resumed run's numbers go on from its checkpoint.
+    engine's step count before it (0 for a run's first step), so a resumed run's numbers go on from its checkpoint;
+    it counts train steps, micro-batches under make_trainable's accumulate=k, not optimizer updates.
     `checkpoints`: the step count of each checkpoint written (a failed one is not)."""
 
     steps: list[int] = field(default_factory=list)
@@ -202,10 +205,15 @@ def fit(
     uninterrupted run did (a call also logs its first and last steps). `steps` is the number this call takes:
     to end a resumed run at step `total`, pass `total - engine.step_count`.
 
-    `learning_rate`: a value or a schedule `step -> rate`, fed as the algorithm input `learning_rate` (what
+    `learning_rate`: a value or a schedule `update -> rate`, fed as the algorithm input `learning_rate` (what
     make_trainable declares; a 0-d float32 feed, so a new rate never recompiles); each rate must be a finite
-    number >= 0 (a 0-d array too, as optax's schedules return), checked before its step. The loss is logged at the
-    steps numbered 0, log_every, 2 * log_every... (a step's number is the count of steps before it);
+    number >= 0 (a 0-d array too, as optax's schedules return), checked before its step. The schedule is called
+    with the number of optimizer updates done before the step, as a PyTorch scheduler steps once per
+    optimizer.step(): under make_trainable's accumulate=k, `engine.step_count // k` (updates 0, 1, ... are
+    schedule(0), schedule(1), ..., the rate fed with an update's k-th micro-batch being the one used); otherwise
+    the step's number. `steps`, the step numbers and the intervals below count train steps (micro-batches under
+    accumulate=k). The loss is logged at the steps numbered 0, log_every, 2 * log_every... (a step's number is
+    the count of steps before it);
     `evaluate(engine)` runs (use `engine.infer` inside it) and `checkpoint` is exported after every `eval_every` /
     `checkpoint_every` steps taken, so after the steps numbered eval_every - 1, 2 * eval_every - 1... (History's
     eval_steps), and both at the end.
@@ -229,6 +237,9 @@ def fit(
         check_export_target(checkpoint)
     loss = loss or loss_output(engine, algorithm)
     schedule = learning_rate if callable(learning_rate) or learning_rate is None else (lambda _: learning_rate)
+    # a schedule numbers optimizer updates, as torch's; it had been fed micro-batch counts, so that under
+    # accumulate=k update u used schedule(u * k + k - 1) where a PyTorch loop uses schedule(u)
+    per_update = micro_batches_per_update(engine.model.training_info[algorithm].algorithm)
     history = History() if history is None else history
     try:
         iterator = iter(batches)
@@ -249,7 +260,8 @@ def fit(
             if batch is None:
                 break
             if schedule is not None:
-                batch = {**batch, LEARNING_RATE: np.float32(learning_rate_at(schedule, engine.step_count))}
+                rate = learning_rate_at(schedule, engine.step_count // per_update, engine.step_count)
+                batch = {**batch, LEARNING_RATE: np.float32(rate)}
             outputs = engine.train_step(batch, algorithm=algorithm)
             last = step == start + steps - 1
             if loss is not None and (step % log_every == 0 or step == start or last):

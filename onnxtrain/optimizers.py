@@ -238,6 +238,18 @@ def accumulate(b: Builder, grads: dict[str, str], weights: dict[str, np.ndarray]
     return accumulated, carried
 
 
+def micro_batches_per_update(algorithm: onnx.GraphProto) -> int:
+    """The `accumulate` k written into `algorithm` by add_update: the constant that accumulate's Equal compares
+    MICRO_STEP's next count with. 1 where there is none (an update each train step, or a training graph that
+    make_trainable did not write: its own state says how it counts). fit divides engine.step_count by it to
+    number optimizer updates, as a PyTorch scheduler steps once per optimizer.step()."""
+    constants = {t.name: t for t in algorithm.initializer}
+    for node in algorithm.node:
+        if node.op_type == "Equal" and node.input[0] == f"{MICRO_STEP}.next" and node.input[1] in constants:
+            return int(numpy_helper.to_array(constants[node.input[1]]))
+    return 1
+
+
 def finish_accumulation(b: Builder, carried: dict[str, tuple[str, onnx.TypeProto]]) -> None:
     """The accumulators restart from 0 and the micro-batch count from 0 after an update; otherwise they carry on."""
     zero = b.scalar("zero", 0, TensorProto.INT64)

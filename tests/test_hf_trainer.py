@@ -80,8 +80,8 @@ def test_accumulated_padded_gpt2_trains_as_hugging_face_s_trainer(tmp_path):
                                  optimizer="adamw", weight_decay=0.01, no_decay=True, clip_grad_norm=1.0,
                                  accumulate=K)
     engine = onnxtrain.load(model)
-    # fit's schedule sees engine.step_count, which counts micro-batches: the rate fed with the k-th is used
-    onnxtrain.fit(engine, feeds, len(feeds), learning_rate=lambda step: rates[step // K], progress=False)
+    # fit's schedule numbers optimizer updates, as the Trainer's scheduler: the Trainer's rates, one per update
+    onnxtrain.fit(engine, feeds, len(feeds), learning_rate=lambda update: rates[update], progress=False)
     ours = Logits(copy.deepcopy(start), ("input_ids", "attention_mask"))
     assert onnxtrain.to_torch(engine, ours) == []
     theirs = {n: p.detach() for n, p in trained.named_parameters()}

@@ -338,6 +338,36 @@ def test_accumulation_equals_one_big_batch():
         np.testing.assert_array_equal(np.asarray(engine.state[name]), state[name])
 
 
+def test_fit_schedules_accumulated_updates_as_a_torch_scheduler(tmp_path):
+    """fit's schedule numbers optimizer updates under accumulate=3, as torch's LambdaLR steps once per
+    optimizer.step(): update u uses schedule(u). It had been called with engine.step_count, a count of
+    micro-batches, so update u used schedule(3u + 2) (weights 1e-2 from torch's). The run stops inside an
+    accumulation window and goes on from its exported checkpoint: the update count is the checkpoint's too."""
+    k, updates = 3, 5
+    micro = batches(k * updates, rows=4)
+    m = module()
+    optimizer = torch.optim.SGD(m.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: 0.5**u)
+    for u in range(updates):
+        optimizer.zero_grad()
+        for x, t in micro[u * k:(u + 1) * k]:
+            (torch.nn.functional.mse_loss(m(torch.from_numpy(x)), torch.from_numpy(t)) / k).backward()
+        optimizer.step()
+        scheduler.step()
+    engine = onnxtrain.load(onnxtrain.make_trainable(onnx_model(module()), loss="mse", optimizer="sgd",
+                                                     accumulate=k, accumulate_by="micro_batch"))
+    feeds = [{"X": x, "target": t} for x, t in micro]
+    schedule = lambda u: 0.1 * 0.5**u  # noqa: E731
+    onnxtrain.fit(engine, feeds[:7], 7, learning_rate=schedule, progress=False)  # 2 updates and 1 micro-batch
+    engine.export(tmp_path / "ckpt.onnx")
+    resumed = onnxtrain.load(tmp_path / "ckpt.onnx")
+    history = onnxtrain.fit(resumed, feeds[7:], len(feeds) - 7, learning_rate=schedule, log_every=3, progress=False)
+    assert history.steps == [7, 9, 12, 14]  # train steps (micro-batches), numbered as the engine counts them
+    for name, value in m.named_parameters():
+        np.testing.assert_allclose(np.asarray(resumed.state[name]), value.detach().numpy(), rtol=1e-5, atol=1e-5,
+                                   err_msg=name)
+
+
 VOCAB, WIDTH, K = 7, 4, 3
 # labels that count (not -100) in each micro-batch of 2 x 5 tokens, k=3 per update: counts far apart (an update's
 # micro-batches weigh 10 : 3 : 6 by them, alike by the naive loop), one micro-batch with none

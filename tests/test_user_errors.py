@@ -123,7 +123,8 @@ def test_a_learning_rate_that_is_no_rate_stops_fit_before_its_step(rate):
     """A schedule's value is checked as make_trainable checks a rate (a finite number >= 0): None had become NaN
     and a string a ValueError, a negative rate had climbed the loss until fit called it divergence."""
     engine = onnxtrain.load(MODEL)
-    with pytest.raises(OnnxTrainError, match="learning_rate at step 0 is .*: it must be a finite number >= 0"):
+    with pytest.raises(OnnxTrainError,
+                       match=r"learning_rate at update 0 \(train step 0\) is .*: it must be a finite number >= 0"):
         onnxtrain.fit(engine, onnxtrain.array_batches(ARRAYS, 8), steps=3, progress=False, learning_rate=rate)
     assert engine.step_count == 0
 
