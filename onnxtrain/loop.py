@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -203,7 +202,8 @@ def fit(
     in each call: History's step numbers and the `log_every`, `eval_every` and `checkpoint_every` phases are
     those of the whole run, so a run resumed from a checkpoint logs, evaluates and checkpoints at the steps the
     uninterrupted run did (a call also logs its first and last steps). `steps` is the number this call takes:
-    to end a resumed run at step `total`, pass `total - engine.step_count`.
+    to end a resumed run at step `total`, pass `total - engine.step_count`; batches that end sooner end the call
+    sooner, their last step being its last (logged, evaluated and checkpointed as such).
 
     `learning_rate`: a value or a schedule `update -> rate`, fed as the algorithm input `learning_rate` (what
     make_trainable declares; a 0-d float32 feed, so a new rate never recompiles); each rate must be a finite
@@ -249,21 +249,21 @@ def fit(
     if first is None:
         return history
     engine.check_feeds(first, algorithm)  # a wrong batch fails before the progress bar starts
-    iterator = itertools.chain([first], iterator)
     # the run's step numbers: a call that goes on from a checkpoint keeps the uninterrupted run's phases (they had
     # restarted at 0, so a run resumed at step 2310 checkpointed at 2410 where the uninterrupted one did at 2400)
     start = engine.step_count
     written_before = len(history.checkpoints)  # a History passed in holds earlier calls' checkpoints, maybe elsewhere
     with tqdm(initial=start, total=start + steps, disable=not progress, unit="step") as bar:
+        batch = first
         for step in range(start, start + steps):
-            batch = next(iterator, None)
-            if batch is None:
-                break
             if schedule is not None:
                 rate = learning_rate_at(schedule, engine.step_count // per_update, engine.step_count)
                 batch = {**batch, LEARNING_RATE: np.float32(rate)}
             outputs = engine.train_step(batch, algorithm=algorithm)
-            last = step == start + steps - 1
+            # the call's last step is where `steps` ends or where the batches do: logged, evaluated and checkpointed
+            # either way (a finite iterable shorter than `steps` had ended the call with none of them)
+            batch = next(iterator, None) if step < start + steps - 1 else None
+            last = batch is None
             if loss is not None and (step % log_every == 0 or step == start or last):
                 value = float(outputs[loss])
                 check_finite(engine, step - start, {loss: value})
@@ -280,4 +280,6 @@ def fit(
                 write_checkpoint(engine, checkpoint, history, written_before, None if last else min(
                     (engine.step_count // checkpoint_every + 1) * checkpoint_every, start + steps))
             bar.update(1)
+            if last:
+                break
     return history

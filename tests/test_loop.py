@@ -156,3 +156,25 @@ def test_a_checkpoint_the_disk_refuses_is_a_warning_and_the_last_ones_a_checkpoi
     for _ in range(4):
         w = w - 0.1 * 2 * x.T @ (x @ w - t) / len(x)
     np.testing.assert_allclose(np.asarray(engine.state["W"]), w, rtol=1e-5)
+
+
+def test_batches_that_end_before_steps_end_the_call_as_its_last_step(tmp_path):
+    """Three batches for steps=5: the third step is the call's last, so its loss is logged, it is evaluated and
+    the checkpoint written (they had not been: the loop ended when the batches did, checkpoint_every far off),
+    holding SGD's weights by hand after 3 steps; the iterator is not read past its end."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(4, 2)).astype(np.float32)
+    t = (x @ np.array([[2.0], [0.5]])).astype(np.float32)
+    engine = onnxtrain.load(matmul_sgd(0.1))
+    history = onnxtrain.fit(engine, [{"X": x, "target": t}] * 3, steps=5, log_every=100, progress=False,
+                            evaluate=lambda e: {"steps": e.step_count}, eval_every=100,
+                            checkpoint=tmp_path / "ckpt.onnx", checkpoint_every=100)
+    w, losses = np.zeros((2, 1)), []
+    for _ in range(3):
+        losses.append(np.mean((x @ w - t) ** 2))  # the loss a step returns: before its update
+        w = w - 0.1 * 2 * x.T @ (x @ w - t) / len(x)
+    assert engine.step_count == 3 and history.steps == [0, 2] and history.eval_steps == [2]
+    assert history.metrics == [{"steps": 3}] and history.checkpoints == [3]
+    np.testing.assert_allclose(history.losses, [losses[0], losses[2]], rtol=1e-5)
+    saved = {i.name: numpy_helper.to_array(i) for i in onnx.load(tmp_path / "ckpt.onnx").graph.initializer}
+    np.testing.assert_allclose(saved["W"], w, rtol=1e-5)
