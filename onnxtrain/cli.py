@@ -184,8 +184,10 @@ def cmd_train(args: argparse.Namespace) -> None:
         raise
     if history.losses:
         print(f"loss {history.losses[0]:.6f} -> {history.losses[-1]:.6f} over {remaining} steps")
-    if args.output:
-        if not remaining:  # fit wrote it at each checkpoint and at the end: here, nothing ran
+    if resume and not remaining:  # -o holds this state already: rewriting it could only fail (a full disk)
+        print(f"{args.output} holds {done} train steps already (--steps {args.steps}): nothing to train")
+    elif args.output:
+        if not remaining:  # fit wrote it at each checkpoint and at the end: here, nothing ran (--steps 0)
             engine.export(args.output)
         print(f"wrote {args.output}")
 

@@ -373,3 +373,9 @@ def test_train_whose_last_write_the_full_disk_refuses_names_the_checkpoint_kept(
     assert_holds(out, reference_after(2))
     assert onnxtrain.cli.main([*TRAIN_6, "-o", str(out), "--resume"]) == 0
     assert_holds(out, reference_after(6))
+    written = out.stat()
+    disk_full_at(monkeypatch, set(range(7)))  # a finished run resumed again rewrites nothing, so nothing fails
+    capsys.readouterr()
+    assert onnxtrain.cli.main([*TRAIN_6, "-o", str(out), "--resume"]) == 0
+    assert f"{out} holds 6 train steps already (--steps 6): nothing to train\n" in capsys.readouterr().out
+    assert (out.stat().st_ino, out.stat().st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
