@@ -135,8 +135,12 @@ def constant_reason(value: np.ndarray, used: list[Use], folded_result: bool = Fa
     logit_scale.exp() is the parameter logit_scale, folded."""
     if used and all(use in CONSTANT_INPUTS for use in used):
         return f"read only as {', '.join(sorted({f'{op} input {i}' for op, i in used}))}"
-    if value.ndim == 0 and used and all(op in ELEMENTWISE_OPS for op, _ in used) and not folded_result:
-        return "a 0-d operand of elementwise arithmetic"
+    # each reader alone makes a 0-d value a constant, so a mix of them does too: the dynamo optimizer merges equal
+    # scalars, and MobileBERT's one 0.0 was both its trigram Pad's fill value and its masks' Where operand (trained)
+    if (value.ndim == 0 and used and all(op in ELEMENTWISE_OPS or (op, i) in CONSTANT_INPUTS for op, i in used)
+            and not folded_result):
+        settings = sorted({f"{op} input {i}" for op, i in used if op not in ELEMENTWISE_OPS})
+        return "a 0-d operand of elementwise arithmetic" + (f" and read as {', '.join(settings)}" if settings else "")
     # two reductions, no temporary: a float64 copy of an embedding table once tripled make_trainable's peak memory
     if value.size and not float(max(value.max(), -value.min())) < MASK_MAGNITUDE:  # a NaN fails too
         return "holds infinite or mask-fill values"

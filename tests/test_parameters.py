@@ -179,6 +179,19 @@ def test_a_folded_attention_mask_is_a_setting():
     assert default_set(additive((2, 1, 8, 8), -1.0)) == ["M"]
 
 
+def test_a_0d_value_read_as_a_fill_value_and_by_elementwise_arithmetic_is_a_setting():
+    """The dynamo optimizer merges equal scalars: MobileBERT's export reads one 0.0 as its trigram Pad's fill value
+    and as its masks' Where operand. Either reader alone made it a setting; the two together had made it a
+    parameter, which training moved (tests/zoo_models.py's mobilebert, dynamo)."""
+    nodes = [helper.make_node("Pad", ["X", "pads", "F"], ["P"]), helper.make_node("MatMul", ["P", "M"], ["S"]),
+             helper.make_node("Greater", ["S", "F"], ["positive"]),
+             helper.make_node("Where", ["positive", "F", "S"], ["Y"])]
+    pads = numpy_helper.from_array(np.array([0, 0, 0, 1], np.int64), "pads")
+    model = model_of(nodes, {"X": [2, 4]}, {"F": np.zeros(()), "M": np.ones((5, 3))})
+    model.graph.initializer.append(pads)
+    assert default_set(model) == ["M"]
+
+
 @pytest.mark.parametrize("shape", [(1, 8, 8), (1, 1, 8, 8), (8, 8), (8,)])
 def test_a_zero_initialized_parameter_added_to_activations_stays_a_parameter(shape):
     """A position embedding [1, n, d] or bias broadcasts over the batch (leading axis 1) or has rank < 3: a

@@ -74,6 +74,7 @@ WARNED: dict[tuple[str, str], str] = {
     ("mobilenetv3", "torchscript"): BN_FOLDED,
     # token_type_embeddings.weight[0] folded and broadcast to [2, 8, 32]: 16 copies would train apart
     ("bert", "dynamo"): r"embedding_1 \(along axis 0\): equal slices",
+    ("mobilebert", "dynamo"): r"embedding_2 \(along axis 0\): equal slices",  # its token-type row, as BERT's
     ("gpt2", "dynamo"): UNTIED,
     ("gpt2", "torchscript"): UNTIED,
     ("gemma", "dynamo"): UNTIED,

@@ -460,6 +460,15 @@ def distilbert() -> nn.Module:
                         num_labels=3, dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0)
 
 
+def mobilebert() -> nn.Module:
+    """Bottlenecks around each layer's attention, stacked feed-forwards, NoNorm (an elementwise scale and shift in
+    place of LayerNorm), and a trigram input: each token's embedding beside its neighbours', Pad with 0.0 at the
+    ends (the dynamo export reads that 0.0 as its masks' Where operand too: a setting, not a parameter)."""
+    return hugging_face("MobileBertConfig", "MobileBertForSequenceClassification", ("input_ids", "attention_mask"),
+                        **ENCODER, embedding_size=16, intra_bottleneck_size=16, true_hidden_size=16,
+                        num_feedforward_networks=2, max_position_embeddings=32)
+
+
 def convnext() -> nn.Module:
     """7x7 depthwise convolutions, LayerNorm over channels-last activations, a per-channel layer scale."""
     return hugging_face("ConvNextConfig", "ConvNextForImageClassification", ("pixel_values",), num_channels=3,
@@ -627,6 +636,7 @@ ZOO: dict[str, ZooModel] = {
     "roberta": ZooModel(roberta, padded(1, with_mask=True), "cross_entropy", classes),
     "albert": ZooModel(albert, lambda rng: (tokens(rng),), "cross_entropy", classes),
     "distilbert": ZooModel(distilbert, lambda rng: (tokens(rng),), "cross_entropy", classes),
+    "mobilebert": ZooModel(mobilebert, padded(with_mask=True), "cross_entropy", classes),
     "convnext": ZooModel(convnext, normal(3, 16, 16), "cross_entropy", classes),
     "t5": ZooModel(t5, lambda rng: (tokens(rng), mask(), tokens(rng)), "mse", regression),
     "vit": ZooModel(vit, normal(3, 16, 16), "cross_entropy", classes),
