@@ -371,13 +371,18 @@ def call_arguments(record: str) -> list[str]:
 
 SDPA = "scaled_dot_product_attention.default"
 GROUP_NORM = "group_norm.default"
+TO_COPY = "_to_copy.default"
 # (call, op_type, input index) -> the largest such constant: where a call's ONNX decomposition reads a constant
 # of its own. scaled_dot_product_attention multiplies the query and the key each by the square root of its
 # scale, a [1] tensor (a parameter reaching those Muls, a learned query folded over the batch, is larger);
 # group_norm normalizes by InstanceNormalization with unit scales and zero shifts, then applies its affine
-# parameters by Mul and Add. Names do not tell: the optimizing exporter names both them and folded weights val_N.
+# parameters by Mul and Add; a cast of a real tensor to a complex dtype (FNet's torch.fft.fftn of its hidden
+# states) concatenates zeros, the imaginary part, after the real part, which the exporter folds to [..., 1]
+# (the cast's one argument is the real part, input 0). Names do not tell: the optimizing exporter names both
+# them and folded weights val_N.
 CALL_CONSTANT_INPUTS = {(SDPA, "Mul", 0): 1, (SDPA, "Mul", 1): 1,
-                        (GROUP_NORM, "InstanceNormalization", 1): None, (GROUP_NORM, "InstanceNormalization", 2): None}
+                        (GROUP_NORM, "InstanceNormalization", 1): None, (GROUP_NORM, "InstanceNormalization", 2): None,
+                        (TO_COPY, "Concat", 1): None}
 LAYER_NORM = "layer_norm.default"
 EMBEDDING_BAGS = ("embedding_bag.default", "embedding_bag.padding_idx")
 INDEX_PUT = "index_put.default"

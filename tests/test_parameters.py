@@ -429,6 +429,25 @@ def test_defaults_of_norms_without_affine_parameters_and_of_embedding_bags_are_n
     assert_default_set_is_the_parameters(Module(), torch.tensor([1, 5, 2, 7, 3, 9]))
 
 
+def test_the_zero_imaginary_part_of_a_cast_to_complex_is_not_trained():
+    """FNet's token mixing, torch.fft.fftn(h, dim=(1, 2)).real of real hidden states: the dynamo exporter casts h
+    to complex by concatenating zeros (the imaginary part) after it, folded into a val_N; those zeros are no
+    parameter (the default set had trained them, with a ParameterizationWarning that they were merged biases)."""
+    torch = pytest.importorskip("torch")
+
+    class Module(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(torch.fft.fftn(self.embed(x), dim=(1, 2)).real.mean(1))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", onnxtrain.ParameterizationWarning)
+        assert_default_set_is_the_parameters(Module(), torch.randn(2, 6, 4))
+
+
 def assert_default_set_is_the_parameters(module, *args, dynamo: bool = True) -> None:
     """The default trainable set of `module`'s dynamo (or TorchScript) export holds exactly its parameters: each chosen initializer
     equals one of them (itself or, folded, transposed), and each of them is chosen. The parameters are moved off
