@@ -95,3 +95,53 @@ def test_unsupported_op_inside_a_called_local_function_is_reported_at_load():
     model.functions.append(bad)
     with pytest.raises(UnsupportedOpError, match="x.y::Frobnicate"):
         onnxtrain.load(model, check=False)
+
+
+def cast_to_t() -> onnx.FunctionProto:
+    """y = Cast(x, to=@t): a data-type attribute set by reference."""
+    cast = helper.make_node("Cast", ["x"], ["y"], name="cast")
+    to = helper.make_attribute("to", 0)
+    to.ref_attr_name = "t"
+    cast.attribute.append(to)
+    return helper.make_function(LOCAL, "CastTo", ["x"], ["y"], [cast], [helper.make_opsetid("", 17)],
+                                attributes=["t"])
+
+
+def passes_t_on() -> onnx.FunctionProto:
+    """CastTo(x, t=@u): a call in a body passing its own caller's attribute on."""
+    call = helper.make_node("CastTo", ["x"], ["y"], domain=LOCAL, name="inner")
+    t = helper.make_attribute("t", 0)
+    t.ref_attr_name = "u"
+    call.attribute.append(t)
+    return helper.make_function(LOCAL, "Outer", ["x"], ["y"], [call],
+                                [helper.make_opsetid("", 17), helper.make_opsetid(LOCAL, 1)], attributes=["u"])
+
+
+def cast_model(node: onnx.NodeProto) -> onnx.ModelProto:
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(LOCAL, 1)],
+                             functions=[cast_to_t(), passes_t_on()])
+
+
+def test_a_data_type_a_call_gives_its_body_is_checked_at_load():
+    import pytest
+
+    from onnxtrain.errors import ModelLoadError
+
+    node = helper.make_node("CastTo", ["x"], ["y"], domain=LOCAL, name="call", t=99)
+    with pytest.raises(ModelLoadError, match=r"^attribute 'to' of node 'cast' of function 'CastTo' called by node "
+                                             r"'call', set by the call's attribute 't', is 99, which is not a "
+                                             r"TensorProto data type$"):
+        onnxtrain.load(cast_model(node), check=False)
+    node = helper.make_node("Outer", ["x"], ["y"], domain=LOCAL, name="call", u=99)  # passed on through a call
+    with pytest.raises(ModelLoadError, match=r"^attribute 'to' of node 'cast' of function 'CastTo' called by node "
+                                             r"'inner' of function 'Outer' called by node 'call', set by the call's "
+                                             r"attribute 't', is 99"):
+        onnxtrain.load(cast_model(node), check=False)
+    x = np.array([-3, 0, 7], np.int32)
+    for node in (helper.make_node("CastTo", ["x"], ["y"], domain=LOCAL, t=TensorProto.FLOAT),
+                 helper.make_node("Outer", ["x"], ["y"], domain=LOCAL, u=TensorProto.FLOAT)):
+        got = onnxtrain.load(cast_model(node)).infer({"x": x})["y"]
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(np.asarray(got), x.astype(np.float32))

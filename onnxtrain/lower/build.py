@@ -227,6 +227,11 @@ def build_node(
     if function is not None:
         check_call_inputs(proto, function, label)
         check_function_body(function_id(proto), resolver)
+        # a reference a body bound without its caller drops has a value each call of that body gives (the walk
+        # from the outermost call passes it on): the function's default does not apply there
+        unknown = {a.name for a in proto.attribute if a.ref_attr_name} if caller_attributes is None else set()
+        given = {name: a for name, a in call_attributes(function, raw).items() if name not in unknown}
+        check_call_data_types(given, function, resolver, label)
     else:
         schema = schema_for(domain, proto.op_type, opset) if opset is not None else None
         if schema is not None:
@@ -344,6 +349,41 @@ def check_data_type_attributes(attributes: Sequence[onnx.AttributeProto], schema
         if not any(f"tensor({type_name(attr.i)})" in t for t in allowed):  # SequenceEmpty's: seq(tensor(...))
             raise ModelLoadError(f"{what} is {onnx.TensorProto.DataType.Name(attr.i)}, which {version}'s output "
                                  f"{schema.outputs[output].name!r} cannot have (it takes {sorted(allowed)})")
+
+
+def call_attributes(function: onnx.FunctionProto,
+                    given: Sequence[onnx.AttributeProto]) -> dict[str, onnx.AttributeProto]:
+    """The attributes a call of `function` gives its body's references (ref_attr_name): the function's defaults
+    (attribute_proto), the call's own over them."""
+    return {a.name: a for a in function.attribute_proto} | {a.name: a for a in given}
+
+
+def check_call_data_types(attributes: dict[str, onnx.AttributeProto], function: onnx.FunctionProto,
+                          resolver: Resolver, call: str) -> None:
+    """The data-type attributes (DATA_TYPE_ATTRIBUTES) of `function`'s body that refer to the call's attributes,
+    checked with the values this call gives them: the body is bound once without a caller (check_function_body),
+    where a reference has no value, so a bad one (Cast's `to` <- t, called with t=99) had been met when first
+    traced, not at load. A call in the body that passes references on has its function's body checked so too."""
+    opsets = opset_versions(function.opset_import, f"function {function.name!r}")
+    for proto in function.node:
+        references = [a for a in proto.attribute if a.ref_attr_name]
+        if not references:  # its literal values were checked when the body was bound
+            continue
+        node = f"node {proto.name or proto.op_type!r} of function {function.name!r} called by {call}"
+        callee = resolver.functions.get(function_id(proto))
+        if callee is not None:
+            given = substitute_attribute_refs(proto.attribute, attributes)
+            check_call_data_types(call_attributes(callee, given), callee, resolver, node)
+            continue
+        domain = canonical_domain(proto.domain)
+        schema = schema_for(domain, proto.op_type, opsets[domain]) if domain in opsets else None
+        if schema is None:  # reported as missing when the body was bound
+            continue
+        for reference in references:
+            bound = substitute_attribute_refs([reference], attributes)
+            owner = f" of {node}, set by the call's attribute {reference.ref_attr_name!r},"
+            check_attributes_declared(bound, schema, proto.op_type, owner)
+            check_data_type_attributes(bound, schema, proto.op_type, owner)
 
 
 def check_input_count(proto: onnx.NodeProto, schema: onnx.defs.OpSchema, label: str) -> None:

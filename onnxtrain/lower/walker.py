@@ -18,7 +18,7 @@ from ..ir import Graph, Node
 from ..tensor_data import MAX_VALUE_BYTES
 from . import layout
 from .autocast import MixedPrecision, autocasting
-from .build import FunctionId, Resolver, build_node, missing_required, raise_if_missing
+from .build import FunctionId, Resolver, build_node, call_attributes, missing_required, raise_if_missing
 from .layout import channels_first, channels_first_results
 from .constants import hoisting, with_hoisted
 from .registry import schema_for
@@ -330,11 +330,11 @@ def call_function(node: "Node", args: list[Value], trace: TraceContext) -> tuple
     """Run a node by expanding a function body: a model-local FunctionProto or the op schema's own."""
     if node.function is not None:
         function = node.function
-        caller_attributes = {a.name: a for a in function.attribute_proto}
+        caller_attributes = call_attributes(function, node.raw_attributes)
     else:
-        caller_attributes = schema_default_attributes(node)
-        function = schema_function(node, args, caller_attributes)
-    caller_attributes.update({a.name: a for a in node.raw_attributes})
+        defaults = schema_default_attributes(node)
+        function = schema_function(node, args, defaults)
+        caller_attributes = defaults | {a.name: a for a in node.raw_attributes}
     resolver = Resolver({}, trace.functions).with_opsets(function.opset_import)
     body = [build_node(n, resolver, caller_attributes) for n in function.node]
     raise_if_missing(resolver)
