@@ -84,6 +84,37 @@ def test_sparse_tensors_each_under_the_bound_are_bounded_together(monkeypatch):
         onnxtrain.load(model)
 
 
+def test_sparse_tensors_of_function_bodies_are_bounded_per_trace_not_per_call(monkeypatch):
+    """A local function's sparse Constant (400 dense bytes) is built again by each call the trace expands: three
+    calls take 1200 of a trace's 1500 bytes, and each trace (a new batch size) has its own; a fourth call takes
+    them past it, where each call had had 1500 of its own."""
+    from onnxtrain.lower import build
+    monkeypatch.setattr(build, "MAX_SPARSE_DENSE_BYTES", 1500)
+    local = "local.fns"
+    body = [helper.make_node("Constant", [], ["k"], sparse_value=sparse_vector("k", 100, 3, 2.0), name="k"),
+            helper.make_node("Add", ["x", "k"], ["y"])]
+    function = helper.make_function(local, "AddK", ["x"], ["y"], body, [helper.make_opsetid("", 17)])
+
+    def calls(count: int) -> onnx.ModelProto:
+        nodes = [helper.make_node("AddK", [f"h{i}"], [f"h{i + 1}"], domain=local) for i in range(count)]
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("h0", TensorProto.FLOAT, ["N", 100])],
+                                  [helper.make_tensor_value_info(f"h{count}", TensorProto.FLOAT, ["N", 100])])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(local, 1)],
+                                 functions=[function])
+
+    engine = onnxtrain.load(calls(3))
+    for batch in (1, 2):
+        x = np.random.default_rng(batch).standard_normal((batch, 100)).astype(np.float32)
+        expected = x.copy()
+        expected[:, 3] += 3 * np.float32(2.0)
+        np.testing.assert_allclose(engine.infer({"h0": x})["h3"], expected, rtol=1e-6)
+    engine = onnxtrain.load(calls(4))
+    with pytest.raises(ModelLoadError, match=r"^attribute 'sparse_value' of node 'k': its dense form of 400 bytes "
+                                             r"takes the dense forms of the model's sparse tensors past 1500 bytes "
+                                             r"together \(1200 before it\)"):
+        engine.infer({"h0": np.zeros((1, 100), np.float32)})
+
+
 def test_a_path_a_shell_would_have_read_otherwise_says_so(tmp_path, monkeypatch):
     """'~' (expanded by shells, not by open()) and white space around a path (a line read from a file) name no
     file: the error says what was meant; a path given as bytes is read as a model's contents, and says so."""

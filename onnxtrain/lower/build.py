@@ -46,6 +46,11 @@ def function_id(proto: onnx.FunctionProto | onnx.NodeProto) -> FunctionId:
     return proto.domain, name, proto.overload
 
 
+def new_sparse_budget() -> DenseBudget:
+    """A budget of MAX_SPARSE_DENSE_BYTES (read when called): one a model's load binds with, one each trace."""
+    return DenseBudget(MAX_SPARSE_DENSE_BYTES)
+
+
 @dataclass
 class Resolver:
     """What binding a node needs: the opsets in force and the model-local functions; collects what is missing."""
@@ -61,7 +66,7 @@ class Resolver:
     # binds a function body's nodes (with_opsets), the only ones whose attributes may refer to a caller's
     in_function: bool = False
     # what the dense forms of the sparse tensors bound so far take, shared with function bodies' resolvers
-    sparse_budget: DenseBudget = field(default_factory=lambda: DenseBudget(MAX_SPARSE_DENSE_BYTES))
+    sparse_budget: DenseBudget = field(default_factory=new_sparse_budget)
 
     def initializer_value(self, tensor: onnx.TensorProto) -> np.ndarray:
         label = f"initializer {tensor.name!r}"

@@ -15,10 +15,11 @@ import onnx
 from ..dtypes import onnx_type
 from ..errors import NodeError, OnnxTrainError, StaticValueRequired, ValueTooLargeError
 from ..ir import Graph, Node
-from ..tensor_data import MAX_VALUE_BYTES
+from ..tensor_data import MAX_VALUE_BYTES, DenseBudget
 from . import layout
 from .autocast import MixedPrecision, autocasting
-from .build import FunctionId, Resolver, build_node, call_attributes, missing_required, raise_if_missing
+from .build import (FunctionId, Resolver, build_node, call_attributes, missing_required, new_sparse_budget,
+                    raise_if_missing)
 from .layout import channels_first, channels_first_results
 from .constants import hoisting, with_hoisted
 from .registry import schema_for
@@ -96,6 +97,9 @@ class TraceContext:
     remat: bool | str = False  # load's option: what Gradient recomputes of its forward slice (ops/training.py)
     # a Gradient output (value name) that is a lookup table's gradient -> its rows (lower/sparse_update.py)
     sparse_gradients: dict[str, SparseRows] = field(default_factory=dict)
+    # what the dense forms of the sparse tensors of the function bodies expanded in this trace take together (each
+    # expansion holds its own until compiled): a body's resolver with a budget of its own bounded each call alone
+    sparse_budget: DenseBudget = field(default_factory=new_sparse_budget)
 
 
 @dataclass
@@ -335,7 +339,7 @@ def call_function(node: "Node", args: list[Value], trace: TraceContext) -> tuple
         defaults = schema_default_attributes(node)
         function = schema_function(node, args, defaults)
         caller_attributes = defaults | {a.name: a for a in node.raw_attributes}
-    resolver = Resolver({}, trace.functions).with_opsets(function.opset_import)
+    resolver = Resolver({}, trace.functions, sparse_budget=trace.sparse_budget).with_opsets(function.opset_import)
     body = [build_node(n, resolver, caller_attributes) for n in function.node]
     raise_if_missing(resolver)
     scope = Scope({name: value for name, value in zip(function.input, args)})
