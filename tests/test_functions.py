@@ -131,13 +131,13 @@ def test_a_data_type_a_call_gives_its_body_is_checked_at_load():
 
     node = helper.make_node("CastTo", ["x"], ["y"], domain=LOCAL, name="call", t=99)
     with pytest.raises(ModelLoadError, match=r"^attribute 'to' of node 'cast' of function 'CastTo' called by node "
-                                             r"'call', set by the call's attribute 't', is 99, which is not a "
-                                             r"TensorProto data type$"):
+                                             r"'call' \(it refers to the function's attribute 't'\) is 99, "
+                                             r"which is not a TensorProto data type$"):
         onnxtrain.load(cast_model(node), check=False)
     node = helper.make_node("Outer", ["x"], ["y"], domain=LOCAL, name="call", u=99)  # passed on through a call
     with pytest.raises(ModelLoadError, match=r"^attribute 'to' of node 'cast' of function 'CastTo' called by node "
-                                             r"'inner' of function 'Outer' called by node 'call', set by the call's "
-                                             r"attribute 't', is 99"):
+                                             r"'inner' of function 'Outer' called by node 'call' \(it refers to "
+                                             r"the function's attribute 't'\) is 99"):
         onnxtrain.load(cast_model(node), check=False)
     x = np.array([-3, 0, 7], np.int32)
     for node in (helper.make_node("CastTo", ["x"], ["y"], domain=LOCAL, t=TensorProto.FLOAT),

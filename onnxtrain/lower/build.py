@@ -386,7 +386,7 @@ def check_call_data_types(attributes: dict[str, onnx.AttributeProto], function: 
             continue
         for reference in references:
             bound = substitute_attribute_refs([reference], attributes)
-            owner = f" of {node}, set by the call's attribute {reference.ref_attr_name!r},"
+            owner = f" of {node} (it refers to the function's attribute {reference.ref_attr_name!r})"
             check_attributes_declared(bound, schema, proto.op_type, owner)
             check_data_type_attributes(bound, schema, proto.op_type, owner)
 
