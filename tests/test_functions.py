@@ -14,6 +14,7 @@ from onnxtrain.lower.build import Resolver, build_node
 from onnxtrain.lower.walker import TraceContext, Scope, run_node
 
 LOCAL = "local.fns"
+INT, FLOAT = onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT
 
 
 def scaled_leaky() -> onnx.FunctionProto:
@@ -145,3 +146,82 @@ def test_a_data_type_a_call_gives_its_body_is_checked_at_load():
         got = onnxtrain.load(cast_model(node)).infer({"x": x})["y"]
         assert got.dtype == np.float32
         np.testing.assert_array_equal(np.asarray(got), x.astype(np.float32))
+
+
+def referring(name: str, ref: str, kind: int) -> onnx.AttributeProto:
+    """A reference with no value field set: onnx.checker refuses one with a value in a subgraph."""
+    return onnx.AttributeProto(name=name, ref_attr_name=ref, type=kind)
+
+
+def with_refs(node: onnx.NodeProto, *refs: onnx.AttributeProto) -> onnx.NodeProto:
+    node.attribute.extend(refs)
+    return node
+
+
+def cast_leaky(x: str, y: str, suffix: str) -> list[onnx.NodeProto]:
+    """y = LeakyRelu(Cast(x, to=@t), alpha=@alpha)."""
+    cast = with_refs(helper.make_node("Cast", [x], [f"c{suffix}"], name=f"cast{suffix}"), referring("to", "t", INT))
+    return [cast,
+            with_refs(helper.make_node("LeakyRelu", [f"c{suffix}"], [y]), referring("alpha", "alpha", FLOAT))]
+
+
+def branches() -> onnx.FunctionProto:
+    """Branches(x, c) = If(c): a Loop of 3 steps v <- LeakyRelu(v, alpha=@alpha) - Cast(i, to=@t) from
+    v = Cast(x, to=@t) (the Loop's body a subgraph of a subgraph); else LeakyRelu(Cast(x, to=@t), alpha=@alpha)."""
+    f32 = TensorProto.FLOAT
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond"], ["cond_out"]),
+         with_refs(helper.make_node("LeakyRelu", ["v"], ["leaky"]), referring("alpha", "alpha", FLOAT)),
+         with_refs(helper.make_node("Cast", ["i"], ["fi"], name="cast_i"), referring("to", "t", INT)),
+         helper.make_node("Sub", ["leaky", "fi"], ["v_out"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("v", f32, None)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", f32, None)],
+    )
+    steps = helper.make_node("Constant", [], ["m"], value=helper.make_tensor("m", TensorProto.INT64, [], [3]))
+    loop = helper.make_node("Loop", ["m", "", "v0"], ["looped"], body=body)
+    then = helper.make_graph([steps, with_refs(helper.make_node("Cast", ["x"], ["v0"], name="cast_x"),
+                                               referring("to", "t", INT)), loop],
+                             "then", [], [helper.make_tensor_value_info("looped", f32, None)])
+    other = helper.make_graph(cast_leaky("x", "leaked", "_else"), "else", [],
+                              [helper.make_tensor_value_info("leaked", f32, None)])
+    branch = helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)
+    return helper.make_function(LOCAL, "Branches", ["x", "c"], ["y"], [branch], [helper.make_opsetid("", 17)],
+                                attributes=["t", "alpha"])
+
+
+def branches_model(**attributes) -> onnx.ModelProto:
+    node = helper.make_node("Branches", ["x", "c"], ["y"], domain=LOCAL, name="call", **attributes)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, [4]),
+                                            helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(LOCAL, 1)],
+                             functions=[branches()])
+
+
+def test_references_in_a_function_bodys_subgraphs_take_the_calls_values():
+    """onnx.proto allows a reference (ref_attr_name) in a subgraph of a function body, at any depth: an If's
+    branches and a Loop's body inside one take the call's `to` and `alpha` (they had been dropped: a TypeError)."""
+    x = np.array([-6, -1, 0, 5], np.int32)
+    engine = onnxtrain.load(branches_model(t=TensorProto.FLOAT, alpha=0.25))
+    leaky = lambda v: np.where(v > 0, v, np.float32(0.25) * v)  # noqa: E731
+    expected = x.astype(np.float32)
+    for i in range(3):
+        expected = leaky(expected) - np.float32(i)
+    for c, want in ((True, expected), (False, leaky(x.astype(np.float32)))):
+        got = engine.infer({"x": x, "c": np.array(c)})["y"]
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+
+
+def test_a_bad_data_type_a_call_gives_a_subgraph_of_its_body_is_refused_at_load():
+    import pytest
+
+    from onnxtrain.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match=r"^attribute 'to' of node 'cast_else' of function 'Branches' called by "
+                                             r"node 'call' \(it refers to the function's attribute 't'\) is 99, "
+                                             r"which is not a TensorProto data type$"):
+        onnxtrain.load(branches_model(t=99, alpha=0.25), check=False)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Sequence, TypeVar
+from typing import Any, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
 import onnx
@@ -189,19 +189,32 @@ def decode_attribute(attr: onnx.AttributeProto, resolver: Resolver, owner: str =
 def substitute_attribute_refs(
     attributes, caller_attributes: dict[str, onnx.AttributeProto] | None
 ) -> list[onnx.AttributeProto]:
-    """Inside a function body, `ref_attr_name` attributes take the caller's value (dropped if it has none)."""
-    result = []
-    for attr in attributes:
-        if attr.ref_attr_name:
-            if caller_attributes is None or attr.ref_attr_name not in caller_attributes:
-                continue
-            bound = onnx.AttributeProto()
-            bound.CopyFrom(caller_attributes[attr.ref_attr_name])
-            bound.name = attr.name
-            result.append(bound)
-        else:
-            result.append(detached(attr))
-    return result
+    """Inside a function body, `ref_attr_name` attributes take the caller's value (dropped if it has none). With a
+    caller, so do those of the nodes of the attributes' subgraphs, at any depth (an If's branches, a Loop's body):
+    onnx.proto allows a reference in a subgraph of a function body, naming the function's attribute, and
+    build_graph binds a subgraph's nodes without a caller, so they had dropped it (a Cast's `to`: a TypeError when
+    traced). Without a caller (a body bound once at load) the subgraphs keep theirs: their nodes' checks then know
+    them to be set by each call (check_call_data_types checks a call's values through the same walk)."""
+    holder = onnx.NodeProto(attribute=attributes)  # a copy: the model's own protos are left as they are
+    for node in nodes_within([holder]) if caller_attributes is not None else [holder]:
+        for attr in [a for a in node.attribute if a.ref_attr_name]:
+            value = (caller_attributes or {}).get(attr.ref_attr_name)
+            if value is None:
+                node.attribute.remove(attr)
+            else:
+                name = attr.name
+                attr.CopyFrom(value)
+                attr.name = name
+    return list(holder.attribute)
+
+
+def nodes_within(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
+    """Each node, then the nodes of its subgraphs (an If's branches, a Loop's or Scan's body), at any depth."""
+    for node in nodes:
+        yield node
+        for attr in node.attribute:
+            for graph in [attr.g] if attr.HasField("g") else attr.graphs:
+                yield from nodes_within(graph.node)
 
 
 def detached(message: M) -> M:
@@ -370,7 +383,7 @@ def check_call_data_types(attributes: dict[str, onnx.AttributeProto], function: 
     where a reference has no value, so a bad one (Cast's `to` <- t, called with t=99) had been met when first
     traced, not at load. A call in the body that passes references on has its function's body checked so too."""
     opsets = opset_versions(function.opset_import, f"function {function.name!r}")
-    for proto in function.node:
+    for proto in nodes_within(function.node):  # a reference in a subgraph names the function's attribute too
         references = [a for a in proto.attribute if a.ref_attr_name]
         if not references:  # its literal values were checked when the body was bound
             continue
