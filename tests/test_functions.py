@@ -4,6 +4,7 @@ fallback that expands an op's schema function body when no direct lowering is re
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
 
 import numpy as np
 import onnx
@@ -45,11 +46,13 @@ def twice() -> onnx.FunctionProto:
                                 [helper.make_opsetid("", 17), helper.make_opsetid(LOCAL, 1)], attributes=["alpha"])
 
 
-def model_with(node: onnx.NodeProto) -> onnx.ModelProto:
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5])])
+def model_with(node: onnx.NodeProto, functions: Sequence[onnx.FunctionProto] = (), x_type: int = TensorProto.FLOAT,
+               size: int = 5) -> onnx.ModelProto:
+    """`node` reading x [size] and writing y, float [size], with `functions` (default: ScaledLeaky and Twice)."""
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", x_type, [size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [size])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(LOCAL, 1)],
-                             functions=[scaled_leaky(), twice()])
+                             functions=functions or [scaled_leaky(), twice()])
 
 
 X = np.array([-2.0, -0.5, 0.0, 1.0, 3.0], np.float32)
@@ -119,10 +122,7 @@ def passes_t_on() -> onnx.FunctionProto:
 
 
 def cast_model(node: onnx.NodeProto) -> onnx.ModelProto:
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, [3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(LOCAL, 1)],
-                             functions=[cast_to_t(), passes_t_on()])
+    return model_with(node, [cast_to_t(), passes_t_on()], TensorProto.INT32, 3)
 
 
 def test_a_data_type_a_call_gives_its_body_is_checked_at_load():
