@@ -319,6 +319,23 @@ def test_gradient_of_clip_is_zero_outside_the_bounds():
     np.testing.assert_allclose(grad, [0.0, 1.0, 0.0])
 
 
+def test_gradient_of_clip_at_its_bounds_is_torch_clamps():
+    """An element exactly at a bound passes all its gradient, as torch.clamp's (exported as Clip) does; the
+    bounds, traced, take the gradients of the elements they replace. jnp.maximum / jnp.minimum had split each tie
+    half and half (0.5 to the element, 0.5 to the bound)."""
+    import torch
+
+    x, low, high = np.array([-2.0, -1.0, 0.5, 1.0, 3.0]), np.array(-1.0), np.array(1.0)
+    with jax.enable_x64(True):
+        weights = np.arange(1.0, 6.0)  # a distinct gradient per element: which bound took which one shows
+        grads = jax.jit(jax.grad(lambda *v: (lowering("Clip")(*v) * weights).sum(), argnums=(0, 1, 2)))(x, low, high)
+    tensors = [torch.tensor(v, requires_grad=True) for v in (x, low, high)]
+    (torch.clamp(*tensors) * torch.tensor(weights)).sum().backward()
+    for got, tensor in zip(grads, tensors):
+        np.testing.assert_array_equal(got, tensor.grad.numpy())
+    np.testing.assert_array_equal(grads[0], [0.0, 2.0, 3.0, 4.0, 0.0])
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_a_broadcast_half_precision_operands_gradient_sums_in_float32(dtype):
     """The gradient of a bias that Gemm's C or an Add broadcasts over rows is the sum of the rows' gradients; in

@@ -167,12 +167,20 @@ def is_inf(x: Array, *, detect_negative: int = 1, detect_positive: int = 1) -> A
 
 
 def clip(x: Array, low: Array | None = None, high: Array | None = None) -> Array:
-    """Clip-11+: absent bounds do not clip; with low > high every element becomes high (max last)."""
+    """Clip-11+: absent bounds do not clip; with low > high every element becomes high (max last).
+
+    Selected, not jnp.maximum / jnp.minimum, for the gradient at a bound: those split a tie half and half, so an
+    element exactly at a bound had passed half its gradient, where torch.clamp (and TensorFlow's clip_by_value,
+    both exported as Clip) pass all of it: 1 for lo <= x <= hi, and a traced bound takes the gradient of the
+    elements it replaces. (PyTorch's relu6 / hardtanh, exported as the same Clip, pass none at the bounds: the
+    graph cannot tell them apart, docs/semantics.md.)"""
     dtype = jnp.result_type(x)
     if low is not None:
-        x = jnp.maximum(x, jnp.asarray(low, dtype))
+        low = jnp.asarray(low, dtype)
+        x = jnp.where(x < low, low, x)
     if high is not None:
-        x = jnp.minimum(x, jnp.asarray(high, dtype))
+        high = jnp.asarray(high, dtype)
+        x = jnp.where(x > high, high, x)
     return x
 
 
