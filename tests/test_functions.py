@@ -8,9 +8,11 @@ from typing import Sequence
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
 import onnxtrain
+from onnxtrain.errors import ModelLoadError
 from onnxtrain.lower.build import Resolver, build_node
 from onnxtrain.lower.walker import TraceContext, Scope, run_node
 
@@ -88,8 +90,6 @@ def test_schema_function_body_runs_an_op_without_its_lowering():
 
 
 def test_unsupported_op_inside_a_called_local_function_is_reported_at_load():
-    import pytest
-
     from onnxtrain.errors import UnsupportedOpError
 
     bad = helper.make_function(LOCAL, "Bad", ["x"], ["y"], [helper.make_node("Frobnicate", ["x"], ["y"], domain="x.y")],
@@ -126,10 +126,6 @@ def cast_model(node: onnx.NodeProto) -> onnx.ModelProto:
 
 
 def test_a_data_type_a_call_gives_its_body_is_checked_at_load():
-    import pytest
-
-    from onnxtrain.errors import ModelLoadError
-
     node = helper.make_node("CastTo", ["x"], ["y"], domain=LOCAL, name="call", t=99)
     with pytest.raises(ModelLoadError, match=r"^attribute 'to' of node 'cast' of function 'CastTo' called by node "
                                              r"'call' \(it refers to the function's attribute 't'\) is 99, "
@@ -146,6 +142,19 @@ def test_a_data_type_a_call_gives_its_body_is_checked_at_load():
         got = onnxtrain.load(cast_model(node)).infer({"x": x})["y"]
         assert got.dtype == np.float32
         np.testing.assert_array_equal(np.asarray(got), x.astype(np.float32))
+
+
+@pytest.mark.parametrize("call", ["CastTo", "Outer"])
+def test_a_required_attribute_a_call_leaves_unset_is_refused_at_load(call):
+    """Cast's `to` <- t, and neither the call nor the function's defaults give t (directly, or through Outer's u):
+    refused at load, naming the body's node and the reference. It had loaded and failed at the first infer."""
+    node = helper.make_node(call, ["x"], ["y"], domain=LOCAL, name="call")
+    within = "node 'call'" if call == "CastTo" else "node 'inner' of function 'Outer' called by node 'call'"
+    with pytest.raises(ModelLoadError, match=rf"^attribute 'to' of node 'cast' of function 'CastTo' called by "
+                                             rf"{within} \(it refers to the function's attribute 't'\) is required "
+                                             r"by Cast-13, but the call does not set it and the function has no "
+                                             r"default for it$"):
+        onnxtrain.load(cast_model(node), check=False)
 
 
 def referring(name: str, ref: str, kind: int) -> onnx.AttributeProto:
@@ -217,10 +226,6 @@ def test_references_in_a_function_bodys_subgraphs_take_the_calls_values():
 
 
 def test_a_bad_data_type_a_call_gives_a_subgraph_of_its_body_is_refused_at_load():
-    import pytest
-
-    from onnxtrain.errors import ModelLoadError
-
     with pytest.raises(ModelLoadError, match=r"^attribute 'to' of node 'cast_else' of function 'Branches' called by "
                                              r"node 'call' \(it refers to the function's attribute 't'\) is 99, "
                                              r"which is not a TensorProto data type$"):

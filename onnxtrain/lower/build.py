@@ -248,8 +248,7 @@ def build_node(
         # a reference a body bound without its caller drops has a value each call of that body gives (the walk
         # from the outermost call passes it on): the function's default does not apply there
         unknown = {a.name for a in proto.attribute if a.ref_attr_name} if caller_attributes is None else set()
-        given = {name: a for name, a in call_attributes(function, raw).items() if name not in unknown}
-        check_call_data_types(given, function, resolver, label)
+        check_call_data_types(call_attributes(function, raw), unknown, function, resolver, label)
     else:
         schema = schema_for(domain, proto.op_type, opset) if opset is not None else None
         if schema is not None:
@@ -376,30 +375,40 @@ def call_attributes(function: onnx.FunctionProto,
     return {a.name: a for a in function.attribute_proto} | {a.name: a for a in given}
 
 
-def check_call_data_types(attributes: dict[str, onnx.AttributeProto], function: onnx.FunctionProto,
-                          resolver: Resolver, call: str) -> None:
-    """The data-type attributes (DATA_TYPE_ATTRIBUTES) of `function`'s body that refer to the call's attributes,
-    checked with the values this call gives them: the body is bound once without a caller (check_function_body),
-    where a reference has no value, so a bad one (Cast's `to` <- t, called with t=99) had been met when first
-    traced, not at load. A call in the body that passes references on has its function's body checked so too."""
+def check_call_data_types(attributes: dict[str, onnx.AttributeProto], unknown: set[str],
+                          function: onnx.FunctionProto, resolver: Resolver, call: str) -> None:
+    """The attributes of `function`'s body that refer to the call's (`attributes`: given or defaulted), checked
+    with the values this call gives them: a data-type one (DATA_TYPE_ATTRIBUTES) must name a type, and a required
+    one must get a value. The body is bound once without a caller (check_function_body), where a reference has no
+    value, so a bad or missing one (Cast's `to` <- t, called with t=99 or without t) had been met when first
+    traced, not at load. `unknown`: the call's attributes that refer to its own caller's, bound by each call of
+    the body it is in (the walk from the outermost call checks them). A call in the body that passes references
+    on has its function's body checked so too."""
     opsets = opset_versions(function.opset_import, f"function {function.name!r}")
+    known = {name: a for name, a in attributes.items() if name not in unknown}
     for proto in nodes_within(function.node):  # a reference in a subgraph names the function's attribute too
-        references = [a for a in proto.attribute if a.ref_attr_name]
+        references = [a for a in proto.attribute if a.ref_attr_name and a.ref_attr_name not in unknown]
         if not references:  # its literal values were checked when the body was bound
             continue
         node = f"node {proto.name or proto.op_type!r} of function {function.name!r} called by {call}"
         callee = resolver.functions.get(function_id(proto))
         if callee is not None:
-            given = substitute_attribute_refs(proto.attribute, attributes)
-            check_call_data_types(call_attributes(callee, given), callee, resolver, node)
+            given = substitute_attribute_refs(proto.attribute, known)
+            passed_on = {a.name for a in proto.attribute if a.ref_attr_name in unknown}
+            check_call_data_types(call_attributes(callee, given), passed_on, callee, resolver, node)
             continue
         domain = canonical_domain(proto.domain)
         schema = schema_for(domain, proto.op_type, opsets[domain]) if domain in opsets else None
         if schema is None:  # reported as missing when the body was bound
             continue
         for reference in references:
-            bound = substitute_attribute_refs([reference], attributes)
+            bound = substitute_attribute_refs([reference], known)
             owner = f" of {node} (it refers to the function's attribute {reference.ref_attr_name!r})"
+            spec = schema.attributes.get(reference.name)
+            if not bound and spec is not None and spec.required:
+                raise ModelLoadError(f"attribute {reference.name!r}{owner} is required by {proto.op_type}-"
+                                     f"{schema.since_version}, but the call does not set it and the function has "
+                                     "no default for it")
             check_attributes_declared(bound, schema, proto.op_type, owner)
             check_data_type_attributes(bound, schema, proto.op_type, owner)
 
