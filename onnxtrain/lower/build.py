@@ -194,7 +194,7 @@ def substitute_attribute_refs(
     onnx.proto allows a reference in a subgraph of a function body, naming the function's attribute, and
     build_graph binds a subgraph's nodes without a caller, so they had dropped it (a Cast's `to`: a TypeError when
     traced). Without a caller (a body bound once at load) the subgraphs keep theirs: their nodes' checks then know
-    them to be set by each call (check_call_data_types checks a call's values through the same walk)."""
+    them to be set by each call (check_referenced_attributes checks a call's values through the same walk)."""
     holder = onnx.NodeProto(attribute=attributes)  # a copy: the model's own protos are left as they are
     for node in nodes_within([holder]) if caller_attributes is not None else [holder]:
         for attr in [a for a in node.attribute if a.ref_attr_name]:
@@ -248,7 +248,7 @@ def build_node(
         # a reference a body bound without its caller drops has a value each call of that body gives (the walk
         # from the outermost call passes it on): the function's default does not apply there
         unknown = {a.name for a in proto.attribute if a.ref_attr_name} if caller_attributes is None else set()
-        check_call_data_types(call_attributes(function, raw), unknown, function, resolver, label)
+        check_referenced_attributes(call_attributes(function, raw), unknown, function, resolver, label)
     else:
         schema = schema_for(domain, proto.op_type, opset) if opset is not None else None
         if schema is not None:
@@ -375,7 +375,7 @@ def call_attributes(function: onnx.FunctionProto,
     return {a.name: a for a in function.attribute_proto} | {a.name: a for a in given}
 
 
-def check_call_data_types(attributes: dict[str, onnx.AttributeProto], unknown: set[str],
+def check_referenced_attributes(attributes: dict[str, onnx.AttributeProto], unknown: set[str],
                           function: onnx.FunctionProto, resolver: Resolver, call: str) -> None:
     """The attributes of `function`'s body that refer to the call's (`attributes`: given or defaulted), checked
     with the values this call gives them: a data-type one (DATA_TYPE_ATTRIBUTES) must name a type, and a required
@@ -395,7 +395,7 @@ def check_call_data_types(attributes: dict[str, onnx.AttributeProto], unknown: s
         if callee is not None:
             given = substitute_attribute_refs(proto.attribute, known)
             passed_on = {a.name for a in proto.attribute if a.ref_attr_name in unknown}
-            check_call_data_types(call_attributes(callee, given), passed_on, callee, resolver, node)
+            check_referenced_attributes(call_attributes(callee, given), passed_on, callee, resolver, node)
             continue
         domain = canonical_domain(proto.domain)
         schema = schema_for(domain, proto.op_type, opsets[domain]) if domain in opsets else None
