@@ -21,13 +21,15 @@ BATCH, CLASSES = 8, 5
 
 
 class ResNetLike(torch.nn.Module):
-    """conv-bn-relu, a residual block of two conv-bn, global average pool, linear."""
+    """conv-bn-relu, a residual block of two conv-bn (a grouped convolution, then a depthwise one whose BatchNorm
+    has MobileNet's eps 1e-3 and momentum 0.01), global average pool, linear."""
 
     def __init__(self, dropout: float = 0.0):
         super().__init__()
         self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, padding=1), torch.nn.BatchNorm2d(6), torch.nn.ReLU())
-        self.conv1, self.bn1 = torch.nn.Conv2d(6, 6, 3, padding=1), torch.nn.BatchNorm2d(6, momentum=0.3)
-        self.conv2, self.bn2 = torch.nn.Conv2d(6, 6, 3, padding=1), torch.nn.BatchNorm2d(6)
+        self.conv1, self.bn1 = torch.nn.Conv2d(6, 6, 3, padding=1, groups=2), torch.nn.BatchNorm2d(6, momentum=0.3)
+        self.conv2 = torch.nn.Conv2d(6, 6, 3, padding=1, groups=6)
+        self.bn2 = torch.nn.BatchNorm2d(6, eps=1e-3, momentum=0.01)
         self.dropout = torch.nn.Dropout(dropout)
         self.fc = torch.nn.Linear(6, CLASSES)
 
