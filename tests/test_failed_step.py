@@ -101,11 +101,21 @@ def interrupted_as_the_step_returns(engine: onnxtrain.Engine) -> None:
     engine._train[0] = launch_then_interrupt
 
 
+@pytest.fixture
+def ctrl_c():
+    """Python's Ctrl-C handler, as a terminal's Ctrl-C finds it. A test session started as a background job (CI's)
+    has SIGINT ignored, as POSIX has a shell's background jobs: Python then installs no handler, and these tests
+    had been skipped there. KeyboardInterrupt is raised in the main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("Ctrl-C's KeyboardInterrupt is raised in the main thread")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 # 2 steps before: the step donates the state, so the interrupt waits until the engine holds the step's result.
 # 0: the first step after init is not held back (it may compile for minutes): the state is rebuilt as init made it.
-@pytest.mark.skipif(threading.current_thread() is not threading.main_thread() or
-                    signal.getsignal(signal.SIGINT) is not signal.default_int_handler,
-                    reason="Ctrl-C's KeyboardInterrupt is raised in the main thread, by the default handler")
+@pytest.mark.usefixtures("ctrl_c")
 @pytest.mark.parametrize("steps_before", [2, 0])
 def test_ctrl_c_during_a_step_leaves_a_whole_state(steps_before):
     small = {k: v[:8] for k, v in np.load(EXAMPLE / "regression.npz").items()}
@@ -163,9 +173,7 @@ STATE_CHANGES = {"reset", "_put_stored_state", "_stored_state", "_assign", "__en
 
 # load_state, reset and init assign a new state and its step count: a Ctrl-C between the two had left the new state
 # with the old count (load_state: the state of step 3, counted 1), which a checkpoint then recorded
-@pytest.mark.skipif(threading.current_thread() is not threading.main_thread() or
-                    signal.getsignal(signal.SIGINT) is not signal.default_int_handler,
-                    reason="Ctrl-C's KeyboardInterrupt is raised in the main thread, by the default handler")
+@pytest.mark.usefixtures("ctrl_c")
 @pytest.mark.parametrize("call", ["load_state", "reset", "init"])
 def test_ctrl_c_anywhere_in_a_state_change_leaves_the_engine_old_or_new_never_both(tmp_path, call):
     small = {k: v[:8] for k, v in np.load(EXAMPLE / "regression.npz").items()}
