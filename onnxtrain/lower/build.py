@@ -376,7 +376,7 @@ def call_attributes(function: onnx.FunctionProto,
 
 
 def check_referenced_attributes(attributes: dict[str, onnx.AttributeProto], unknown: set[str],
-                          function: onnx.FunctionProto, resolver: Resolver, call: str) -> None:
+                                function: onnx.FunctionProto, resolver: Resolver, call: str) -> None:
     """The attributes of `function`'s body that refer to the call's (`attributes`: given or defaulted), checked
     with the values this call gives them: a data-type one (DATA_TYPE_ATTRIBUTES) must name a type, and a required
     one must get a value. The body is bound once without a caller (check_function_body), where a reference has no
